@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file Compiler and platform macros; the only place distopt defines macros.
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/// Marks a function callable from host and device code.
+#define DISTOPT_HD __host__ __device__
+/// A kernel with hidden visibility, so header kernels do not collide across shared libraries.
+#define DISTOPT_KERNEL __global__ __attribute__((visibility("hidden")))
+#else
+#define DISTOPT_HD
+#define DISTOPT_KERNEL
+#endif
+
+/// Forces inlining of the small per-element functions the hot loops are made of.
+#if defined(__GNUC__) || defined(__clang__)
+#define DISTOPT_INLINE inline __attribute__((always_inline))
+#define DISTOPT_RESTRICT __restrict__
+#else
+#define DISTOPT_INLINE inline
+#define DISTOPT_RESTRICT
+#endif
+
+/// True while compiling device code.
+#if defined(__CUDA_ARCH__)
+#define DISTOPT_DEVICE_CODE 1
+#else
+#define DISTOPT_DEVICE_CODE 0
+#endif
