@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// distopt-replay: replays a gradient trace through a distopt optimizer and writes the
+// resulting parameters, to check distopt against a PyTorch run.
+
+#include <distopt/io/safetensors.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "replay.hpp"
+
+namespace {
+
+constexpr const char* usage_text =
+    "usage: distopt-replay --optimizer NAME --trace IN.safetensors --out OUT.safetensors\n"
+    "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
+    "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
+    "                      [--state fp32|bf16] [--threads N]\n"
+    "optimizers: sgd, adam, adamw, lion (hyper-parameters by PyTorch's argument names,\n"
+    "tuples as comma lists: --set betas=0.9,0.95)\n";
+
+struct paths {
+  std::string trace, out;
+};
+
+int parse_int(std::string_view flag, std::string_view v) {
+  int x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc{} || p != v.data() + v.size())
+    throw replay::usage_error(std::string(flag) + ": expected an integer, got '" + std::string(v) + "'");
+  return x;
+}
+
+replay::config parse_args(int argc, char** argv, paths& io) {
+  replay::config cfg;
+  std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::cout << usage_text;
+      std::exit(0);
+    }
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw replay::usage_error(std::string(a) + ": missing value");
+      return std::string(args[++i]);
+    };
+    if (a == "--optimizer") cfg.optimizer = value();
+    else if (a == "--trace") io.trace = value();
+    else if (a == "--out") io.out = value();
+    else if (a == "--set") {
+      const std::string kv = value();
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw replay::usage_error("--set " + kv + ": expected KEY=VALUE");
+      cfg.sets.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    } else if (a == "--param-dtype") cfg.param_dtype = value();
+    else if (a == "--grad-dtype") cfg.grad_dtype = value();
+    else if (a == "--state") cfg.state = value();
+    else if (a == "--master-weights") {
+      const std::string v = value();
+      if (v != "on" && v != "off")
+        throw replay::usage_error("--master-weights: expected on or off, got '" + v + "'");
+      cfg.master_weights = v == "on";
+    } else if (a == "--threads") {
+      cfg.threads = parse_int(a, value());
+      if (cfg.threads < 0) throw replay::usage_error("--threads: must be >= 0 (0 = one per core)");
+    } else if (a == "--ranks" || a == "--backend" || a == "--save-at" || a == "--resume")
+      throw replay::usage_error(std::string(a) + ": not supported yet (planned in a later release)");
+    else
+      throw replay::usage_error("unknown option '" + std::string(a) + "' (see --help)");
+  }
+  if (cfg.optimizer.empty()) throw replay::usage_error("--optimizer is required (see --help)");
+  if (io.trace.empty()) throw replay::usage_error("--trace is required (see --help)");
+  if (io.out.empty()) throw replay::usage_error("--out is required (see --help)");
+  return cfg;
+}
+
+/// Reads and checks a trace: every param has a grad of the same shape at every step, and
+/// nothing else is in the file.
+replay::trace load_trace(const std::string& path) {
+  namespace io = distopt::io;
+  const auto file = io::safetensors_reader::open(path);
+  const auto& meta = file.metadata();
+  auto it = meta.find("steps");
+  if (it == meta.end()) throw io::format_error(path + ": __metadata__ has no \"steps\" entry");
+  int steps = 0;
+  try {
+    steps = parse_int("steps", it->second);
+  } catch (const replay::usage_error&) {
+    throw io::format_error(path + ": __metadata__ \"steps\" is not an integer: '" + it->second + "'");
+  }
+  if (steps < 0) throw io::format_error(path + ": __metadata__ \"steps\" is negative");
+
+  replay::trace tr;
+  std::set<std::string> expected;
+  for (const auto& n : file.names())
+    if (n.rfind("param.", 0) == 0) tr.names.push_back(n.substr(6));
+  if (tr.names.empty()) throw io::format_error(path + ": no param.<name> tensors");
+  auto read = [&](const std::string& key, const std::string& name) {
+    if (!file.contains(key)) throw io::format_error(path + ": missing tensor '" + key + "'");
+    const auto& info = file.info(key);
+    if (info.dtype != "F32")
+      throw io::format_error(path + ": tensor '" + key + "' has dtype " + info.dtype + ", expected F32");
+    if (info.shape != tr.shapes.at(name))
+      throw io::format_error(path + ": tensor '" + key + "' has a different shape from 'param." + name + "'");
+    expected.insert(key);
+    return file.read_f32(key);
+  };
+  for (const auto& n : tr.names) tr.shapes[n] = file.info("param." + n).shape;
+  for (const auto& n : tr.names) tr.params[n] = read("param." + n, n);
+  tr.grads.resize(static_cast<std::size_t>(steps));
+  for (int k = 0; k < steps; ++k)
+    for (const auto& n : tr.names) tr.grads[k][n] = read("grad." + std::to_string(k) + "." + n, n);
+  for (const auto& n : file.names())
+    if (!expected.count(n))
+      throw io::format_error(path + ": unexpected tensor '" + n + "' (a trace holds param.<name> and grad.<step>.<name> for step < " + std::to_string(steps) + ")");
+  return tr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  paths io;
+  try {
+    const replay::config cfg = parse_args(argc, argv, io);
+    replay::result (*run)(const replay::trace&, const replay::config&) = nullptr;
+    if (cfg.optimizer == "sgd") run = replay::run_sgd;
+    else if (cfg.optimizer == "adam") run = replay::run_adam;
+    else if (cfg.optimizer == "adamw") run = replay::run_adamw;
+    else if (cfg.optimizer == "lion") run = replay::run_lion;
+    else
+      throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
+                                "' (sgd, adam, adamw or lion)");
+    const replay::trace tr = load_trace(io.trace);
+    const replay::result out = run(tr, cfg);
+
+    distopt::io::safetensors_writer w;
+    w.set_metadata("steps", std::to_string(tr.grads.size()));
+    w.set_metadata("optimizer", cfg.optimizer);
+    for (const auto& n : tr.names) w.add_f32("param." + n, tr.shapes.at(n), out.at(n));
+    w.write(io.out);
+    std::cout << "distopt-replay: " << cfg.optimizer << ", " << tr.names.size() << " tensors, "
+              << tr.grads.size() << " steps -> " << io.out << "\n";
+    return 0;
+  } catch (const replay::usage_error& e) {
+    std::cerr << "distopt-replay: " << e.what() << "\n";
+    return 2;
+  } catch (const distopt::io::format_error& e) {
+    std::cerr << "distopt-replay: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "distopt-replay: error: " << e.what() << "\n";
+    return 1;
+  }
+}

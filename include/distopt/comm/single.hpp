@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "../concepts.hpp"
+
+namespace distopt {
+
+/// A group of one rank: every collective is a local copy or nothing. The default communicator.
+class single {
+ public:
+  using communicator_concept = communicator_tag;
+
+  /// This rank's index: always 0.
+  int rank() const noexcept { return 0; }
+  /// The number of ranks: always 1.
+  int size() const noexcept { return 1; }
+
+  /// Reduce over one rank: the data is already the result (avg of one value is itself).
+  template <class T>
+  void all_reduce(std::span<T>, reduce_op) {}
+
+  /// Gather every rank's `in` into `out`: with one rank, a copy.
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    check_sizes("all_gather", in.size(), out.size());
+    std::copy(in.begin(), in.end(), out.begin());
+  }
+
+  /// Reduce `in` over ranks and keep this rank's slice in `out`: with one rank, a copy.
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op) {
+    check_sizes("reduce_scatter", in.size(), out.size());
+    std::copy(in.begin(), in.end(), out.begin());
+  }
+
+  /// Broadcast from `root`, which must be 0.
+  template <class T>
+  void broadcast(std::span<T>, int root) {
+    if (root != 0)
+      throw std::invalid_argument("distopt::single::broadcast: root " + std::to_string(root) +
+                                  " does not exist in a group of one rank");
+  }
+
+  /// Bytes this rank has sent to others: none.
+  std::size_t bytes_sent() const noexcept { return 0; }
+
+ private:
+  static void check_sizes(const char* what, std::size_t in, std::size_t out) {
+    if (in != out)
+      throw std::invalid_argument(std::string("distopt::single::") + what + ": input has " +
+                                  std::to_string(in) + " elements but output has " +
+                                  std::to_string(out));
+  }
+};
+
+}  // namespace distopt

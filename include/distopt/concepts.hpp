@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The four concepts an optimizer is assembled from, each split into named parts so
+/// that a failed check names the missing piece.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include "step_info.hpp"
+#include "types/dtype.hpp"
+
+namespace distopt {
+
+/// Opt-in tags: storage, communicators and executors declare what they model.
+struct storage_tag {};
+struct communicator_tag {};
+struct executor_tag {};
+
+/// Reduction operations a communicator offers.
+enum class reduce_op { sum, avg, max };
+
+/// Memory spaces an executor allocates in.
+struct host_space {};
+
+// ---------------------------------------------------------------------------------------
+// optimizer_policy: the math of one optimizer.
+//
+// A policy is a plain struct:
+//   static constexpr std::string_view name;
+//   static constexpr int max_state_slots;         // fp32 values of state per element, at most
+//   struct hyper_params { ...; void validate() const; };   // the reference's argument names
+//   struct scalars { ... };                       // per-step, per-group values, trivially copyable
+//   static int state_slots(const hyper_params&);  // slots in use for these hyper-parameters
+//   static scalars prepare(const hyper_params&, const step_info&);   // on the host, in double
+//   DISTOPT_HD static void update(const scalars&, float& param, float grad, float* state);
+// ---------------------------------------------------------------------------------------
+
+/// The policy names itself and says how much per-element state it keeps.
+template <class P>
+concept policy_declares_state = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+  { P::max_state_slots } -> std::convertible_to<int>;
+} && (P::max_state_slots >= 0) && (P::max_state_slots <= 4);
+
+/// The policy keeps its hyper-parameters in a default-constructible struct that validates itself.
+template <class P>
+concept policy_has_hyper_params = requires(const typename P::hyper_params& h) {
+  h.validate();
+  { P::state_slots(h) } -> std::convertible_to<int>;
+} && std::default_initializable<typename P::hyper_params>;
+
+/// The policy turns hyper-parameters and the step number into per-step scalars.
+template <class P>
+concept policy_prepares_scalars =
+    std::is_trivially_copyable_v<typename P::scalars> &&
+    requires(const typename P::hyper_params& h, const step_info& si) {
+      { P::prepare(h, si) } -> std::same_as<typename P::scalars>;
+    };
+
+/// The policy updates one element: its fp32 param, its fp32 grad and its state slots.
+template <class P>
+concept policy_updates_elements =
+    requires(const typename P::scalars& s, float& param, float grad, float* state) {
+      P::update(s, param, grad, state);
+    };
+
+/// Models the math of an optimizer: hyper-parameters, per-element state, per-step
+/// scalars and the `DISTOPT_HD` per-element update. Plain structs model it; no tag needed.
+template <class P>
+concept optimizer_policy = policy_declares_state<P> && policy_has_hyper_params<P> &&
+                           policy_prepares_scalars<P> && policy_updates_elements<P>;
+
+// ---------------------------------------------------------------------------------------
+// state_storage: where optimizer state lives and how it is encoded.
+// ---------------------------------------------------------------------------------------
+
+/// A number type optimizer state can be stored in (decoded to fp32 for the update).
+template <class E>
+concept state_encoding = number<E>;
+
+/// Models the placement and encoding of optimizer state. Opt in with
+/// `using storage_concept = distopt::storage_tag;`, name the `encoding`, and say
+/// whether the state is sharded over data-parallel ranks.
+template <class S>
+concept state_storage = std::same_as<typename S::storage_concept, storage_tag> &&
+                        state_encoding<typename S::encoding> &&
+                        requires {
+                          { S::is_sharded } -> std::convertible_to<bool>;
+                        };
+
+/// A storage that can hold the state of policy P.
+template <class S, class P>
+concept state_storage_for = state_storage<S> && optimizer_policy<P>;
+
+// ---------------------------------------------------------------------------------------
+// communicator: the collectives over the data-parallel group.
+// ---------------------------------------------------------------------------------------
+
+/// Models a group of ranks with collectives over spans. Opt in with
+/// `using communicator_concept = distopt::communicator_tag;`.
+template <class C>
+concept communicator =
+    std::same_as<typename C::communicator_concept, communicator_tag> &&
+    requires(C& c, const C& cc, std::span<float> f, std::span<double> d,
+             std::span<const float> cf, reduce_op op, int root) {
+      { cc.rank() } -> std::convertible_to<int>;
+      { cc.size() } -> std::convertible_to<int>;
+      c.all_reduce(f, op);
+      c.all_reduce(d, op);
+      c.all_gather(cf, f);
+      c.reduce_scatter(cf, f, op);
+      c.broadcast(f, root);
+      { cc.bytes_sent() } -> std::convertible_to<std::size_t>;
+    };
+
+// ---------------------------------------------------------------------------------------
+// executor: memory space, allocation, how element ranges are visited.
+// ---------------------------------------------------------------------------------------
+
+/// A callable an executor runs for each item index; a named archetype for the concept check.
+struct index_function_archetype {
+  void operator()(std::size_t) const {}
+};
+
+/// Models an execution backend. Opt in with `using executor_concept = distopt::executor_tag;`,
+/// name its `memory_space`, allocate and free bytes, and run an index function over
+/// [0, n) (each index exactly once, in any order and any thread).
+template <class E>
+concept executor =
+    std::same_as<typename E::executor_concept, executor_tag> &&
+    requires { typename E::memory_space; } &&
+    requires(E& e, const E& ce, std::size_t n, void* p, index_function_archetype f) {
+      { e.allocate_bytes(n) } -> std::same_as<void*>;
+      e.deallocate_bytes(p, n);
+      e.parallel_for(n, f);
+      { ce.concurrency() } -> std::convertible_to<int>;
+    };
+
+}  // namespace distopt

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The fused per-element loop every host backend runs: load grad, param (or master)
+/// and state slots, call the policy's update, store. One contiguous pass, no temporaries.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../config.hpp"
+#include "../types/rounding.hpp"
+
+namespace distopt::detail {
+
+/// How the fp32 value being updated relates to the stored params.
+enum class param_mode {
+  fp32,          ///< params are fp32 and updated in place
+  master,        ///< an fp32 master copy is updated; params get it rounded to nearest even
+  no_master_rne, ///< low-precision params updated in place, rounded to nearest even
+  no_master_sr,  ///< bf16 params updated in place with stochastic rounding
+};
+
+/// Pointers into the flat buffers for one pass; state slots beyond N are unused.
+template <class Param, class Grad, class Enc>
+struct update_args {
+  Param* param;
+  const Grad* grad;
+  float* master;
+  Enc* state[4];
+  float grad_scale;          ///< multiplies every gradient (loss unscaling, clipping)
+  std::uint64_t random_key;  ///< seed and step, for stochastic rounding
+};
+
+template <int K, class Enc>
+DISTOPT_HD DISTOPT_INLINE Enc* slot(Enc* DISTOPT_RESTRICT s0, Enc* DISTOPT_RESTRICT s1,
+                                    Enc* DISTOPT_RESTRICT s2, Enc* DISTOPT_RESTRICT s3) {
+  if constexpr (K == 0) return s0;
+  else if constexpr (K == 1) return s1;
+  else if constexpr (K == 2) return s2;
+  else return s3;
+}
+
+/// Updates elements [begin, end) of the flat buffers with N state slots.
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
+                  std::size_t begin, std::size_t end) {
+  Param* DISTOPT_RESTRICT p = a.param;
+  const Grad* DISTOPT_RESTRICT g = a.grad;
+  float* DISTOPT_RESTRICT m = a.master;
+  Enc* DISTOPT_RESTRICT s0 = a.state[0];
+  Enc* DISTOPT_RESTRICT s1 = a.state[1];
+  Enc* DISTOPT_RESTRICT s2 = a.state[2];
+  Enc* DISTOPT_RESTRICT s3 = a.state[3];
+  const float scale = a.grad_scale;
+  const typename Policy::scalars s = sc;
+  for (std::size_t i = begin; i < end; ++i) {
+    float value;
+    if constexpr (Mode == param_mode::master) value = m[i];
+    else value = to_float(p[i]);
+    // Sized for every slot the policy may touch; slots past N stay zero and are not stored.
+    float st[Policy::max_state_slots > 0 ? Policy::max_state_slots : 1] = {};
+    [&]<int... K>(std::integer_sequence<int, K...>) {
+      ((st[K] = to_float(slot<K>(s0, s1, s2, s3)[i])), ...);
+    }(std::make_integer_sequence<int, N>{});
+    Policy::update(s, value, to_float(g[i]) * scale, st);
+    [&]<int... K>(std::integer_sequence<int, K...>) {
+      ((slot<K>(s0, s1, s2, s3)[i] = from_float<Enc>(st[K])), ...);
+    }(std::make_integer_sequence<int, N>{});
+    if constexpr (Mode == param_mode::master) {
+      m[i] = value;
+      p[i] = from_float<Param>(value);
+    } else if constexpr (Mode == param_mode::no_master_sr) {
+      p[i] = stochastic_round_bf16(value, mix32(a.random_key, i));
+    } else {
+      p[i] = from_float<Param>(value);
+    }
+  }
+}
+
+/// Sum of squares of grad * scale over [begin, end), in double; NaN or Inf if any
+/// element is not finite.
+template <class Grad>
+double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t begin,
+                      std::size_t end) {
+  double s = 0.0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const double x = static_cast<double>(to_float(g[i])) * scale;
+    s += x * x;
+  }
+  return s;
+}
+
+}  // namespace distopt::detail

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../types/dtype.hpp"
+
+namespace distopt {
+
+/// One registered tensor and where it lives in the flat buffers.
+struct tensor_slot {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  distopt::dtype dtype = distopt::dtype::f32;
+  /// The hyper-parameter group it belongs to (index into the optimizer's groups).
+  int group = 0;
+  /// First element in the flat buffers; always a multiple of the block size.
+  std::size_t offset = 0;
+  /// Number of elements (product of shape).
+  std::size_t numel = 0;
+};
+
+/// Formats a shape as "[2, 3]" for messages.
+inline std::string shape_string(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// The tensors an optimizer manages, in registration order, each starting on a block
+/// boundary so that blocks (and later shard cuts and 8-bit absmax blocks) never straddle
+/// two tensors.
+class layout {
+ public:
+  /// Default block: 256 elements (1 KiB of fp32), a multiple of every SIMD width and warp.
+  static constexpr std::size_t default_block = 256;
+
+  explicit layout(std::size_t block = default_block) : block_(block) {
+    if (block == 0 || (block & (block - 1)) != 0)
+      throw std::invalid_argument("distopt::layout: block size must be a power of two, got " +
+                                  std::to_string(block));
+  }
+
+  /// Registers a tensor; names are unique, shapes non-empty with positive dimensions.
+  const tensor_slot& add(std::string name, std::vector<std::int64_t> shape,
+                         distopt::dtype type = distopt::dtype::f32, int group = 0) {
+    if (name.empty()) throw std::invalid_argument("distopt::layout::add: tensor name is empty");
+    if (index_.count(name))
+      throw std::invalid_argument("distopt::layout::add: tensor '" + name +
+                                  "' is already registered");
+    if (shape.empty())
+      throw std::invalid_argument("distopt::layout::add: tensor '" + name +
+                                  "' has an empty shape; use {1} for a scalar");
+    if (group < 0)
+      throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has group " +
+                                  std::to_string(group) + "; groups are numbered from 0");
+    std::size_t numel = 1;
+    for (auto d : shape) {
+      if (d <= 0)
+        throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has shape " +
+                                    shape_string(shape) + "; every dimension must be positive");
+      if (numel > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
+        throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' shape " +
+                                    shape_string(shape) + " overflows");
+      numel *= static_cast<std::size_t>(d);
+    }
+    tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel};
+    size_ += round_up(numel);
+    index_.emplace(t.name, tensors_.size());
+    tensors_.push_back(std::move(t));
+    return tensors_.back();
+  }
+
+  /// The tensor registered under `name`; throws std::out_of_range naming it if there is none.
+  const tensor_slot& find(std::string_view name) const {
+    auto it = index_.find(std::string(name));
+    if (it == index_.end())
+      throw std::out_of_range("distopt: no tensor named '" + std::string(name) +
+                              "' is registered");
+    return tensors_[it->second];
+  }
+
+  /// True when a tensor of that name is registered.
+  bool contains(std::string_view name) const { return index_.count(std::string(name)) != 0; }
+
+  /// All tensors, in registration order.
+  std::span<const tensor_slot> tensors() const noexcept { return tensors_; }
+  /// Elements in each flat buffer, padding included.
+  std::size_t size() const noexcept { return size_; }
+  /// Elements in all tensors, padding excluded.
+  std::size_t numel() const noexcept {
+    std::size_t n = 0;
+    for (const auto& t : tensors_) n += t.numel;
+    return n;
+  }
+  /// The alignment of every tensor, in elements.
+  std::size_t block_size() const noexcept { return block_; }
+  /// The highest group index used, plus one.
+  int groups_used() const noexcept {
+    int g = 0;
+    for (const auto& t : tensors_) g = std::max(g, t.group + 1);
+    return g;
+  }
+
+ private:
+  std::size_t round_up(std::size_t n) const { return (n + block_ - 1) / block_ * block_; }
+
+  std::size_t block_;
+  std::size_t size_ = 0;
+  std::vector<tensor_slot> tensors_;
+  std::map<std::string, std::size_t, std::less<>> index_;
+};
+
+}  // namespace distopt

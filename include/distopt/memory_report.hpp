@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+#include <cstddef>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace distopt {
+
+/// Bytes held by one rank, by category, and per parameter of the model.
+struct memory_report {
+  struct entry {
+    std::string category;   ///< "params", "grads", "master", "states"
+    std::size_t bytes = 0;  ///< bytes this rank allocates, padding included
+  };
+  std::vector<entry> entries;
+  /// Parameters of the whole model (padding excluded): the denominator of bytes/param.
+  std::size_t parameters = 0;
+
+  std::size_t total_bytes() const {
+    std::size_t t = 0;
+    for (const auto& e : entries) t += e.bytes;
+    return t;
+  }
+  double bytes_per_param(const entry& e) const {
+    return parameters ? static_cast<double>(e.bytes) / static_cast<double>(parameters) : 0.0;
+  }
+  double total_bytes_per_param() const {
+    return parameters ? static_cast<double>(total_bytes()) / static_cast<double>(parameters) : 0.0;
+  }
+};
+
+/// Prints one line per category: bytes and bytes per parameter.
+inline std::ostream& operator<<(std::ostream& os, const memory_report& r) {
+  char line[128];
+  for (const auto& e : r.entries) {
+    std::snprintf(line, sizeof line, "  %-8s %14zu B  %6.2f B/param\n", e.category.c_str(), e.bytes,
+                  r.bytes_per_param(e));
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "  %-8s %14zu B  %6.2f B/param (%zu params)\n", "total",
+                r.total_bytes(), r.total_bytes_per_param(), r.parameters);
+  return os << line;
+}
+
+}  // namespace distopt

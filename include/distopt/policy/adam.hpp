@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+#include <array>
+#include <cmath>
+#include <string_view>
+#include <tuple>
+
+#include "../config.hpp"
+#include "../step_info.hpp"
+#include "hyper_params.hpp"
+
+namespace distopt {
+namespace detail {
+
+/// Adam and AdamW differ only in how weight decay enters (L2 on the gradient, or decoupled
+/// on the parameter) and in its default; the rest follows torch.optim.Adam's single-tensor
+/// path: lerp for the first moment, mul + addcmul for the second, bias corrections in double.
+template <bool Decoupled>
+struct adam_family {
+  /// Slots: 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq (amsgrad only).
+  static constexpr int max_state_slots = 3;
+  static constexpr std::string_view family_name = Decoupled ? "adamw" : "adam";
+
+  /// torch.optim.Adam / AdamW arguments and defaults.
+  struct hyper_params {
+    double lr = 1e-3;
+    std::array<double, 2> betas{0.9, 0.999};
+    double eps = 1e-8;
+    double weight_decay = Decoupled ? 1e-2 : 0.0;
+    bool amsgrad = false;
+    bool maximize = false;
+
+    static constexpr auto fields() {
+      return std::tuple{
+          hyper_field<hyper_params, double>{"lr", &hyper_params::lr},
+          hyper_field<hyper_params, std::array<double, 2>>{"betas", &hyper_params::betas},
+          hyper_field<hyper_params, double>{"eps", &hyper_params::eps},
+          hyper_field<hyper_params, double>{"weight_decay", &hyper_params::weight_decay},
+          hyper_field<hyper_params, bool>{"amsgrad", &hyper_params::amsgrad},
+          hyper_field<hyper_params, bool>{"maximize", &hyper_params::maximize}};
+    }
+
+    void validate() const {
+      detail::require_lr(family_name, lr);
+      detail::require(std::isfinite(eps) && eps >= 0.0, family_name, "eps", eps,
+                      "must be a finite value >= 0");
+      detail::require_betas(family_name, betas);
+      detail::require_weight_decay(family_name, weight_decay);
+    }
+  };
+
+  static int state_slots(const hyper_params& h) { return h.amsgrad ? 3 : 2; }
+
+  struct scalars {
+    float weight_decay;          // L2 coefficient (Adam)
+    float decay;                 // 1 - lr * weight_decay (AdamW)
+    float w1, one_minus_w1;      // lerp weight 1 - beta1 and its complement
+    float beta2, one_minus_beta2;
+    float bias_correction2_sqrt;
+    float eps;
+    float neg_step_size;         // -lr / (1 - beta1^step)
+    bool amsgrad, maximize;
+  };
+
+  static scalars prepare(const hyper_params& h, const step_info& s) {
+    const double step = static_cast<double>(s.step);
+    const double bc1 = 1.0 - std::pow(h.betas[0], step);
+    const double bc2 = 1.0 - std::pow(h.betas[1], step);
+    const float w1 = static_cast<float>(1.0 - h.betas[0]);
+    return {static_cast<float>(h.weight_decay),
+            static_cast<float>(1.0 - h.lr * h.weight_decay),
+            w1,
+            1.0f - w1,
+            static_cast<float>(h.betas[1]),
+            static_cast<float>(1.0 - h.betas[1]),
+            static_cast<float>(std::sqrt(bc2)),
+            static_cast<float>(h.eps),
+            static_cast<float>(-(h.lr / bc1)),
+            h.amsgrad,
+            h.maximize};
+  }
+
+  DISTOPT_HD static void update(const scalars& s, float& p, float g, float* state) {
+    if (s.maximize) g = -g;
+    if constexpr (Decoupled) {
+      p = p * s.decay;
+    } else {
+      if (s.weight_decay != 0.0f) g = g + s.weight_decay * p;
+    }
+    float& m = state[0];
+    float& v = state[1];
+    // torch's lerp: start + w * (end - start) for w < 0.5, else end - (end - start) * (1 - w).
+    m = s.w1 < 0.5f ? m + s.w1 * (g - m) : g - (g - m) * s.one_minus_w1;
+    v = v * s.beta2 + (s.one_minus_beta2 * g) * g;
+    float second = v;
+    if (s.amsgrad) {
+      state[2] = state[2] > v ? state[2] : v;
+      second = state[2];
+    }
+    const float denom = std::sqrt(second) / s.bias_correction2_sqrt + s.eps;
+    p = p + s.neg_step_size * m / denom;
+  }
+};
+
+}  // namespace detail
+
+/// Adam with L2 weight decay, as torch.optim.Adam (same argument names and defaults).
+struct adam : detail::adam_family<false> {
+  static constexpr std::string_view name = "adam";
+};
+
+}  // namespace distopt

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file Helpers shared by the policies' hyper-parameter structs: named fields (for
+/// `--set KEY=VALUE`, checkpoints and messages) and argument checks.
+
+#include <array>
+#include <span>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+namespace distopt {
+
+/// One named hyper-parameter: a name as the reference implementation spells it and a
+/// pointer to the member. Policies list theirs in `hyper_params::fields()`.
+template <class Struct, class Member>
+struct hyper_field {
+  std::string_view name;
+  Member Struct::*member;
+};
+
+/// Thrown for a hyper-parameter outside its valid range; the message names the policy and the argument.
+class invalid_hyper_parameter : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+namespace detail {
+
+inline std::string format_number(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+/// Throws invalid_hyper_parameter "POLICY: invalid ARG VALUE: WHY" unless `ok`.
+inline void require(bool ok, std::string_view policy, std::string_view arg, double value,
+                    std::string_view why) {
+  if (!ok)
+    throw invalid_hyper_parameter(std::string(policy) + ": invalid " + std::string(arg) + " " +
+                                  format_number(value) + ": " + std::string(why));
+}
+
+/// lr >= 0 and finite.
+inline void require_lr(std::string_view policy, double lr) {
+  require(std::isfinite(lr) && lr >= 0.0, policy, "lr", lr, "must be a finite value >= 0");
+}
+
+/// weight_decay >= 0 and finite.
+inline void require_weight_decay(std::string_view policy, double wd) {
+  require(std::isfinite(wd) && wd >= 0.0, policy, "weight_decay", wd,
+          "must be a finite value >= 0");
+}
+
+/// Each beta in [0, 1).
+inline void require_betas(std::string_view policy, std::span<const double> betas) {
+  for (std::size_t i = 0; i < betas.size(); ++i)
+    require(betas[i] >= 0.0 && betas[i] < 1.0, policy,
+            "betas[" + std::to_string(i) + "]", betas[i], "must be in [0, 1)");
+}
+
+}  // namespace detail
+}  // namespace distopt

@@ -1,0 +1,122 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file Hyper-parameters as text, by the reference implementation's argument names:
+/// `set_hyper_param(h, "betas", "0.9,0.95")` and `hyper_params_string(h)`. Used by the
+/// command-line tools and checkpoints.
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+
+#include "hyper_params.hpp"
+
+namespace distopt {
+
+namespace detail {
+
+inline bool parse_double(std::string_view text, double& out) {
+  if (text.empty()) return false;
+  std::string s(text);
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+template <class M>
+bool parse_value(std::string_view text, M& out) {
+  if constexpr (std::is_same_v<M, bool>) {
+    if (text == "true" || text == "True" || text == "1") return out = true, true;
+    if (text == "false" || text == "False" || text == "0") return out = false, true;
+    return false;
+  } else if constexpr (std::is_same_v<M, double>) {
+    return parse_double(text, out);
+  } else if constexpr (std::is_integral_v<M>) {
+    auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc{} && p == text.data() + text.size();
+  } else {  // std::array<double, N>: a comma list, optionally in parentheses
+    if (text.size() >= 2 && text.front() == '(' && text.back() == ')')
+      text = text.substr(1, text.size() - 2);
+    std::size_t i = 0;
+    for (;;) {
+      const auto comma = text.find(',');
+      if (i == out.size() || !parse_double(text.substr(0, comma), out[i++])) return false;
+      if (comma == std::string_view::npos) break;
+      text.remove_prefix(comma + 1);
+    }
+    return i == out.size();
+  }
+}
+
+template <class M>
+std::string expected_form() {
+  if constexpr (std::is_same_v<M, bool>) return "true or false";
+  else if constexpr (std::is_same_v<M, double>) return "a number";
+  else if constexpr (std::is_integral_v<M>) return "an integer";
+  else return std::to_string(std::tuple_size_v<M>) + " comma-separated numbers";
+}
+
+template <class M>
+std::string value_string(const M& v) {
+  if constexpr (std::is_same_v<M, bool>) return v ? "true" : "false";
+  else if constexpr (std::is_same_v<M, double>) return format_number(v);
+  else if constexpr (std::is_integral_v<M>) return std::to_string(v);
+  else {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + format_number(v[i]);
+    return s;
+  }
+}
+
+}  // namespace detail
+
+/// Sets the hyper-parameter called `key` from its text form (numbers, true/false, comma
+/// lists for tuples). Throws std::invalid_argument naming the policy, the key and, for an
+/// unknown key, the known ones. Does not validate ranges: call `h.validate()` after.
+template <class Policy>
+void set_hyper_param(typename Policy::hyper_params& h, std::string_view key,
+                     std::string_view value) {
+  bool found = false;
+  std::string known;
+  std::apply(
+      [&](const auto&... f) {
+        ((known += (known.empty() ? "" : ", ") + std::string(f.name),
+          f.name == key ? (found = true,
+                           detail::parse_value(value, h.*(f.member))
+                               ? void()
+                               : throw std::invalid_argument(
+                                     std::string(Policy::name) + ": hyper-parameter '" +
+                                     std::string(key) + "' expects " +
+                                     detail::expected_form<
+                                         std::remove_cvref_t<decltype(h.*(f.member))>>() +
+                                     ", got '" + std::string(value) + "'"))
+                        : void()),
+         ...);
+      },
+      Policy::hyper_params::fields());
+  if (!found)
+    throw std::invalid_argument(std::string(Policy::name) + ": unknown hyper-parameter '" +
+                                std::string(key) + "' (known: " + known + ")");
+}
+
+/// "lr=0.001 betas=0.9,0.999 ..." in declaration order; `set_hyper_param` reads it back.
+template <class Policy>
+std::string hyper_params_string(const typename Policy::hyper_params& h) {
+  std::string s;
+  std::apply(
+      [&](const auto&... f) {
+        ((s += (s.empty() ? "" : " ") + std::string(f.name) + "=" +
+               detail::value_string(h.*(f.member))),
+         ...);
+      },
+      Policy::hyper_params::fields());
+  return s;
+}
+
+}  // namespace distopt

@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+#include <cstdint>
+
+namespace distopt {
+
+/// What a policy's host-side `prepare` sees about the step being taken.
+struct step_info {
+  /// The step being taken, counting from 1 (as PyTorch's `state["step"]` after its increment).
+  std::int64_t step = 1;
+};
+
+/// What `optimizer::step()` reports.
+struct step_result {
+  /// True when the step was skipped because a gradient was NaN or Inf; params and states are untouched.
+  bool skipped = false;
+  /// True when a non-finite gradient was found (skipped == found_inf in this version).
+  bool found_inf = false;
+  /// The global gradient norm when it was computed (clip_grad_norm), otherwise NaN.
+  double grad_norm = 0.0 / 0.0;
+  /// The number of steps taken so far, after this one.
+  std::int64_t step = 0;
+  /// The loss scale to use for the next backward pass (1 without loss scaling).
+  double loss_scale = 1.0;
+};
+
+}  // namespace distopt
