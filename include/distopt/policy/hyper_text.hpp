@@ -30,7 +30,7 @@ inline bool parse_double(std::string_view text, double& out) {
 }
 
 template <class M>
-bool parse_value(std::string_view text, M& out) {
+bool parse_into(std::string_view text, M& out) {
   if constexpr (std::is_same_v<M, bool>) {
     if (text == "true" || text == "True" || text == "1") return out = true, true;
     if (text == "false" || text == "False" || text == "0") return out = false, true;
@@ -54,6 +54,15 @@ bool parse_value(std::string_view text, M& out) {
   }
 }
 
+/// Parses `text` into `out`; leaves `out` unchanged when the text is malformed.
+template <class M>
+bool parse_value(std::string_view text, M& out) {
+  M parsed = out;
+  if (!parse_into(text, parsed)) return false;
+  out = parsed;
+  return true;
+}
+
 template <class M>
 std::string expected_form() {
   if constexpr (std::is_same_v<M, bool>) return "true or false";
@@ -69,7 +78,10 @@ std::string value_string(const M& v) {
   else if constexpr (std::is_integral_v<M>) return std::to_string(v);
   else {
     std::string s;
-    for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + format_number(v[i]);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) s += ',';  // appended separately: GCC 12 warns (-Wrestrict) on "," + string
+      s += format_number(v[i]);
+    }
     return s;
   }
 }
