@@ -138,7 +138,12 @@ int main(int argc, char** argv) {
     else
       throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
                                 "' (sgd, adam, adamw or lion)");
-    const replay::trace tr = load_trace(io.trace);
+    replay::trace tr;
+    try {
+      tr = load_trace(io.trace);
+    } catch (const std::exception& e) {  // unreadable, malformed or incomplete input
+      throw replay::usage_error(e.what());
+    }
     const replay::result out = run(tr, cfg);
 
     distopt::io::safetensors_writer w;
@@ -150,9 +155,6 @@ int main(int argc, char** argv) {
               << tr.grads.size() << " steps -> " << io.out << "\n";
     return 0;
   } catch (const replay::usage_error& e) {
-    std::cerr << "distopt-replay: " << e.what() << "\n";
-    return 2;
-  } catch (const distopt::io::format_error& e) {
     std::cerr << "distopt-replay: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -354,9 +354,12 @@ class optimizer {
   void run_update(float grad_scale) {
     std::vector<typename Policy::scalars> sc;
     std::vector<int> active;
-    for (const auto& h : groups_) {
-      sc.push_back(Policy::prepare(h, step_info{step_}));
-      active.push_back(Policy::state_slots(h));
+    state_started_.resize(groups_.size(), false);
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const int slots = Policy::state_slots(groups_[g]);
+      sc.push_back(Policy::prepare(groups_[g], step_info{step_, slots > 0 && !state_started_[g]}));
+      active.push_back(slots);
+      if (slots > 0) state_started_[g] = true;
     }
     detail::update_args<param_type, grad_type, state_type> a{
         params_.data(), grads_.data(), master_.data(), {}, grad_scale,
@@ -380,6 +383,7 @@ class optimizer {
   std::vector<chunk> chunks_;
   std::optional<clip_state> clip_;
   std::int64_t step_ = 0;
+  std::vector<bool> state_started_;  // per group: has its state been used yet
   bool master_ready_ = false;
 };
 

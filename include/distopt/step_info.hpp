@@ -9,6 +9,9 @@ namespace distopt {
 struct step_info {
   /// The step being taken, counting from 1 (as PyTorch's `state["step"]` after its increment).
   std::int64_t step = 1;
+  /// True on the group's first step with state in use (its slots still hold zeros), like
+  /// PyTorch's lazily created buffers: a momentum switched on later starts from the gradient.
+  bool fresh_state = true;
 };
 
 /// What `optimizer::step()` reports.

@@ -57,7 +57,7 @@ struct sgd {
   static scalars prepare(const hyper_params& h, const step_info& s) {
     return {static_cast<float>(h.lr), static_cast<float>(h.momentum),
             static_cast<float>(1.0 - h.dampening), static_cast<float>(h.weight_decay),
-            h.momentum != 0.0, s.step == 1, h.nesterov, h.maximize};
+            h.momentum != 0.0, s.fresh_state, h.nesterov, h.maximize};
   }
 
   DISTOPT_HD static void update(const scalars& s, float& p, float g, float* state) {
