@@ -61,11 +61,14 @@ concept policy_prepares_scalars =
       { P::prepare(h, si) } -> std::same_as<typename P::scalars>;
     };
 
-/// The policy updates one element: its fp32 param, its fp32 grad and its state slots.
+/// The policy updates one element: its fp32 param (taken by non-const reference, so that
+/// the update is written back), its fp32 grad and its state slots.
 template <class P>
 concept policy_updates_elements =
     requires(const typename P::scalars& s, float& param, float grad, float* state) {
       P::update(s, param, grad, state);
+    } && !requires(const typename P::scalars& s, float grad, float* state) {
+      P::update(s, 0.0f, grad, state);  // an update that accepts an rvalue param loses its result
     };
 
 /// Models the math of an optimizer: hyper-parameters, per-element state, per-step

@@ -66,7 +66,7 @@ consteval bool check_optimizer_arguments() {
                 "scalars prepare(const hyper_params&, const step_info&)`");
   static_assert(policy_updates_elements<Policy>,
                 "distopt::optimizer: the Policy needs `DISTOPT_HD static void update(const "
-                "scalars&, float& param, float grad, float* state)`");
+                "scalars&, float& param, float grad, float* state)` taking param by non-const reference");
   static_assert(state_storage<Storage>,
                 "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
                 "distopt::replicated<distopt::fp32>");

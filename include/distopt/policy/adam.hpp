@@ -42,11 +42,11 @@ struct adam_family {
     }
 
     void validate() const {
-      detail::require_lr(family_name, lr);
-      detail::require(std::isfinite(eps) && eps >= 0.0, family_name, "eps", eps,
+      require_lr(family_name, lr);
+      require(std::isfinite(eps) && eps >= 0.0, family_name, "eps", eps,
                       "must be a finite value >= 0");
-      detail::require_betas(family_name, betas);
-      detail::require_weight_decay(family_name, weight_decay);
+      require_betas(family_name, betas);
+      require_weight_decay(family_name, weight_decay);
     }
   };
 

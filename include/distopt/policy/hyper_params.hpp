@@ -30,20 +30,22 @@ class invalid_hyper_parameter : public std::invalid_argument {
 };
 
 namespace detail {
-
 inline std::string format_number(double v) {
   std::ostringstream s;
   s.precision(17);
   s << v;
   return s.str();
 }
+}  // namespace detail
+
+// Argument checks for hyper_params::validate(), public so that user policies share them.
 
 /// Throws invalid_hyper_parameter "POLICY: invalid ARG VALUE: WHY" unless `ok`.
 inline void require(bool ok, std::string_view policy, std::string_view arg, double value,
                     std::string_view why) {
   if (!ok)
     throw invalid_hyper_parameter(std::string(policy) + ": invalid " + std::string(arg) + " " +
-                                  format_number(value) + ": " + std::string(why));
+                                  detail::format_number(value) + ": " + std::string(why));
 }
 
 /// lr >= 0 and finite.
@@ -64,5 +66,4 @@ inline void require_betas(std::string_view policy, std::span<const double> betas
             "betas[" + std::to_string(i) + "]", betas[i], "must be in [0, 1)");
 }
 
-}  // namespace detail
 }  // namespace distopt

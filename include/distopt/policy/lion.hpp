@@ -32,9 +32,9 @@ struct lion {
     }
 
     void validate() const {
-      detail::require_lr(name, lr);
-      detail::require_betas(name, betas);
-      detail::require_weight_decay(name, weight_decay);
+      require_lr(name, lr);
+      require_betas(name, betas);
+      require_weight_decay(name, weight_decay);
     }
   };
 

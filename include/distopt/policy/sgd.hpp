@@ -37,12 +37,12 @@ struct sgd {
     }
 
     void validate() const {
-      detail::require_lr(name, lr);
-      detail::require(std::isfinite(momentum) && momentum >= 0.0, name, "momentum", momentum,
+      require_lr(name, lr);
+      require(std::isfinite(momentum) && momentum >= 0.0, name, "momentum", momentum,
                       "must be a finite value >= 0");
-      detail::require(std::isfinite(dampening), name, "dampening", dampening, "must be finite");
-      detail::require_weight_decay(name, weight_decay);
-      detail::require(!nesterov || (momentum > 0.0 && dampening == 0.0), name, "nesterov", 1.0,
+      require(std::isfinite(dampening), name, "dampening", dampening, "must be finite");
+      require_weight_decay(name, weight_decay);
+      require(!nesterov || (momentum > 0.0 && dampening == 0.0), name, "nesterov", 1.0,
                       "Nesterov momentum requires momentum > 0 and dampening = 0");
     }
   };
