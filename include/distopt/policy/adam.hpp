@@ -53,51 +53,51 @@ struct adam_family {
   static int state_slots(const hyper_params& h) { return h.amsgrad ? 3 : 2; }
 
   struct scalars {
+    float grad_sign;             // -1 with maximize, else 1
     float weight_decay;          // L2 coefficient (Adam)
     float decay;                 // 1 - lr * weight_decay (AdamW)
-    float w1, one_minus_w1;      // lerp weight 1 - beta1 and its complement
+    float w1;                    // lerp weight 1 - beta1
     float beta2, one_minus_beta2;
+    float amsgrad;               // 1 with amsgrad, else 0
     float bias_correction2_sqrt;
     float eps;
     float neg_step_size;         // -lr / (1 - beta1^step)
-    bool amsgrad, maximize;
   };
 
   static scalars prepare(const hyper_params& h, const step_info& s) {
     const double step = static_cast<double>(s.step);
     const double bc1 = 1.0 - std::pow(h.betas[0], step);
     const double bc2 = 1.0 - std::pow(h.betas[1], step);
-    const float w1 = static_cast<float>(1.0 - h.betas[0]);
-    return {static_cast<float>(h.weight_decay),
+    return {h.maximize ? -1.0f : 1.0f,
+            static_cast<float>(h.weight_decay),
             static_cast<float>(1.0 - h.lr * h.weight_decay),
-            w1,
-            1.0f - w1,
+            static_cast<float>(1.0 - h.betas[0]),
             static_cast<float>(h.betas[1]),
             static_cast<float>(1.0 - h.betas[1]),
+            h.amsgrad ? 1.0f : 0.0f,
             static_cast<float>(std::sqrt(bc2)),
             static_cast<float>(h.eps),
-            static_cast<float>(-(h.lr / bc1)),
-            h.amsgrad,
-            h.maximize};
+            static_cast<float>(-(h.lr / bc1))};
   }
 
+  // Options enter as arithmetic on per-step scalars (a sign, a 0/1 factor, a zero weight
+  // decay), not as branches: GCC does not vectorise a loop that selects on a bool and
+  // stores bf16 ("control flow in loop"). Each form is exact: g * 1, g + 0 * p, max(v, 0).
   DISTOPT_HD static void update(const scalars& s, float& p, float g, float* state) {
-    if (s.maximize) g = -g;
-    if constexpr (Decoupled) {
-      p = p * s.decay;
-    } else {
-      if (s.weight_decay != 0.0f) g = g + s.weight_decay * p;
-    }
+    g = g * s.grad_sign;
+    if constexpr (Decoupled) p = p * s.decay;
+    else g = g + s.weight_decay * p;
     float& m = state[0];
     float& v = state[1];
-    // torch's lerp: start + w * (end - start) for w < 0.5, else end - (end - start) * (1 - w).
-    m = s.w1 < 0.5f ? m + s.w1 * (g - m) : g - (g - m) * s.one_minus_w1;
+    // torch's lerp (start + w * (end - start)); torch switches to end - (end - start) * (1 - w)
+    // for w >= 0.5, i.e. beta1 <= 0.5, which differs from this by at most one rounding.
+    m = m + s.w1 * (g - m);
     v = v * s.beta2 + (s.one_minus_beta2 * g) * g;
-    float second = v;
-    if (s.amsgrad) {
-      state[2] = state[2] > v ? state[2] : v;
-      second = state[2];
-    }
+    // amsgrad: slot 2 keeps the running max of v (stored only when amsgrad is on); without
+    // amsgrad the max below is max(v, 0) = v.
+    state[2] = state[2] > v ? state[2] : v;
+    const float ams = state[2] * s.amsgrad;
+    const float second = v > ams ? v : ams;
     const float denom = std::sqrt(second) / s.bias_correction2_sqrt + s.eps;
     p = p + s.neg_step_size * m / denom;
   }

@@ -50,25 +50,35 @@ struct sgd {
   static int state_slots(const hyper_params& h) { return h.momentum != 0.0 ? 1 : 0; }
 
   struct scalars {
-    float lr, momentum, one_minus_dampening, weight_decay;
-    bool use_momentum, first_step, nesterov, maximize;
+    float grad_sign;      // -1 with maximize, else 1
+    float weight_decay;
+    float buf_keep;       // momentum, or 0 on the buffer's first step (buf = g) and without momentum
+    float buf_take;       // 1 - dampening, or 1 on the first step and without momentum
+    float grad_keep;      // 1 with Nesterov (g + momentum * buf), else 0 (buf)
+    float buf_weight;     // momentum with Nesterov, else 1
+    float neg_lr;
   };
 
   static scalars prepare(const hyper_params& h, const step_info& s) {
-    return {static_cast<float>(h.lr), static_cast<float>(h.momentum),
-            static_cast<float>(1.0 - h.dampening), static_cast<float>(h.weight_decay),
-            h.momentum != 0.0, s.fresh_state, h.nesterov, h.maximize};
+    const bool fresh = h.momentum == 0.0 || s.fresh_state;
+    return {h.maximize ? -1.0f : 1.0f,
+            static_cast<float>(h.weight_decay),
+            fresh ? 0.0f : static_cast<float>(h.momentum),
+            fresh ? 1.0f : static_cast<float>(1.0 - h.dampening),
+            h.nesterov ? 1.0f : 0.0f,
+            h.nesterov ? static_cast<float>(h.momentum) : 1.0f,
+            static_cast<float>(-h.lr)};
   }
 
+  // Options enter as arithmetic on per-step scalars, not branches, so that the loop
+  // vectorises for bf16 storage too; each form is exact (x * 1, x * 0 + y, g + 0 * p).
   DISTOPT_HD static void update(const scalars& s, float& p, float g, float* state) {
-    if (s.maximize) g = -g;
-    if (s.weight_decay != 0.0f) g = g + s.weight_decay * p;
-    if (s.use_momentum) {
-      float& buf = state[0];
-      buf = s.first_step ? g : buf * s.momentum + s.one_minus_dampening * g;
-      g = s.nesterov ? g + s.momentum * buf : buf;
-    }
-    p = p + (-s.lr) * g;
+    g = g * s.grad_sign;
+    g = g + s.weight_decay * p;
+    float& buf = state[0];
+    buf = buf * s.buf_keep + s.buf_take * g;
+    g = s.grad_keep * g + s.buf_weight * buf;
+    p = p + s.neg_lr * g;
   }
 };
 

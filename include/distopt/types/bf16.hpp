@@ -16,15 +16,14 @@ namespace detail {
 /// NaNs stay NaN (quietened, sign and upper payload kept); values at or above
 /// max_bf16 + ulp/2 round to infinity, as IEEE requires.
 DISTOPT_HD constexpr std::uint16_t float_bits_to_bf16_bits(std::uint32_t u) noexcept {
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    // Truncating could drop every payload bit and turn the NaN into an infinity.
-    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  }
   // Adding 0x7fff (+1 when the kept lsb is odd) carries exactly when the dropped half
   // exceeds one half-ulp, or equals it with an odd lsb; the carry may ripple into the
   // exponent, which is the correct rounding up to the next binade or to infinity.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  // Truncating a NaN could drop every payload bit and turn it into an infinity.
+  const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  // A select rather than an early return keeps conversion loops free of control flow.
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 } // namespace detail
