@@ -441,6 +441,23 @@ BOOST_AUTO_TEST_CASE(memory_report_counts_bytes_per_parameter) {
   BOOST_TEST(small.memory().total_bytes_per_param() == 12.0);
 }
 
+BOOST_AUTO_TEST_CASE(a_moved_optimizer_keeps_working) {
+  layout l;
+  l.add("w", {100});
+  sgd::hyper_params h;
+  h.lr = 0.5;
+  optimizer<sgd> first(l, h, {}, cpu(2));
+  first.param("w")[3] = 1.0f;
+  optimizer<sgd> second(std::move(first));
+  second.grad("w")[3] = 1.0f;
+  second.step();
+  BOOST_TEST(second.param("w")[3] == 0.5f);
+  optimizer<sgd> third(l, h);
+  third = std::move(second);
+  third.step();
+  BOOST_TEST(third.param("w")[3] == 0.0f);
+}
+
 BOOST_AUTO_TEST_CASE(zero_grad_clears_every_gradient) {
   optimizer<sgd> opt(make_layout(), {sgd::hyper_params{}, sgd::hyper_params{}});
   for (auto& g : opt.grads()) g = 3.0f;

@@ -7,13 +7,14 @@
 
 namespace distopt::detail {
 
-/// An owning, zero-filled array of T in an executor's memory space.
+/// An owning, zero-filled array of T in an executor's memory space. It keeps its own copy
+/// of the executor (executors are cheap handles), so it stays valid when its owner moves.
 template <class T, class Exec>
 class buffer {
  public:
   buffer() = default;
   buffer(Exec& exec, std::size_t n)
-      : exec_(&exec), data_(static_cast<T*>(exec.allocate_bytes(n * sizeof(T)))), size_(n) {}
+      : exec_(exec), data_(static_cast<T*>(exec_.allocate_bytes(n * sizeof(T)))), size_(n) {}
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
   buffer(buffer&& o) noexcept { swap(o); }
@@ -23,7 +24,7 @@ class buffer {
     return *this;
   }
   ~buffer() {
-    if (data_) exec_->deallocate_bytes(data_, size_ * sizeof(T));
+    if (data_) exec_.deallocate_bytes(data_, size_ * sizeof(T));
   }
 
   T* data() const noexcept { return data_; }
@@ -37,7 +38,7 @@ class buffer {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
   }
-  Exec* exec_ = nullptr;
+  Exec exec_{};
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
