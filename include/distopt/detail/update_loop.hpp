@@ -42,7 +42,7 @@ DISTOPT_HD DISTOPT_INLINE Enc* slot(Enc* DISTOPT_RESTRICT s0, Enc* DISTOPT_RESTR
 
 /// Updates elements [begin, end) of the flat buffers with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
-void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
+DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
                   std::size_t begin, std::size_t end) {
   Param* DISTOPT_RESTRICT p = a.param;
   const Grad* DISTOPT_RESTRICT g = a.grad;
@@ -80,7 +80,7 @@ void update_range(const typename Policy::scalars& sc, const update_args<Param, G
 /// Sum of squares of grad * scale over [begin, end), in double; NaN or Inf if any
 /// element is not finite.
 template <class Grad>
-double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t begin,
+DISTOPT_CPU_CLONES double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t begin,
                       std::size_t end) {
   double s = 0.0;
   for (std::size_t i = begin; i < end; ++i) {

@@ -1,0 +1,10 @@
+# Runs programs A and B and fails unless both succeed with identical output.
+execute_process(COMMAND ${A} RESULT_VARIABLE ra OUTPUT_VARIABLE oa)
+execute_process(COMMAND ${B} RESULT_VARIABLE rb OUTPUT_VARIABLE ob)
+if(NOT ra EQUAL 0 OR NOT rb EQUAL 0)
+  message(FATAL_ERROR "a program failed: ${ra} ${rb}")
+endif()
+if(NOT oa STREQUAL ob)
+  message(FATAL_ERROR "outputs differ:\n${A}:\n${oa}\n${B}:\n${ob}")
+endif()
+message(STATUS "identical:\n${oa}")
