@@ -14,59 +14,43 @@ namespace detail {
 
 /// Rounds a binary32 bit pattern to binary16 bits, to nearest with ties to even,
 /// including binary16 subnormals. NaNs stay NaN (quietened, sign and upper payload kept).
+/// Every case is computed and the result selected, with no branches, so that loops of
+/// conversions (and the fused optimizer loops that store fp16) vectorise.
 DISTOPT_HD constexpr std::uint16_t float_bits_to_fp16_bits(std::uint32_t u) noexcept {
-  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
   const std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) {
-    return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-  }
-  // 65520 = 65504 + ulp/2 is a tie whose even neighbour is 2^16, i.e. infinity.
-  if (a >= 0x477ff000u) {
-    return static_cast<std::uint16_t>(sign | 0x7c00u);
-  }
-  if (a >= 0x38800000u) {  // normal binary16: rebias the exponent, round off 13 bits
-    std::uint32_t h = a - 0x38000000u;
-    h += 0xfffu + ((h >> 13) & 1u);
-    return static_cast<std::uint16_t>(sign | (h >> 13));
-  }
-  // Subnormal binary16 (units of 2^-24): value = m * 2^(e-150) -> round(m >> (126 - e)).
-  // Below 2^-25 (e < 102) everything rounds to zero; 2^-25 itself is a tie to even zero.
+  const std::uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  // Normal binary16: rebias the exponent, round off 13 bits (the carry may reach infinity).
+  const std::uint32_t rebased = a - 0x38000000u;
+  const std::uint32_t normal = (rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13;
+  // Subnormal binary16 (units of 2^-24): value = m * 2^(e-150) -> round(m >> (126 - e)),
+  // ties to even; a shift of 25 or more leaves zero. The shift is clamped to [1, 31] so
+  // that it is defined for every input, including those the select below discards.
   const std::uint32_t e = a >> 23;
-  if (e < 102u) {
-    return sign;
-  }
+  const std::uint32_t shift = e >= 125u ? 1u : (e <= 95u ? 31u : 126u - e);
   const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
-  const std::uint32_t s = 126u - e;  // 14..24
-  std::uint32_t q = m >> s;
-  const std::uint32_t rem = m & ((1u << s) - 1u);
-  const std::uint32_t half = 1u << (s - 1u);
-  if (rem > half || (rem == half && (q & 1u) != 0u)) {
-    ++q;  // may reach 0x400, the smallest normal: still the right encoding
-  }
-  return static_cast<std::uint16_t>(sign | q);
+  const std::uint32_t q = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u);
+  const std::uint32_t half = 1u << (shift - 1u);
+  const std::uint32_t sub = q + ((rem > half) | ((rem == half) & q & 1u));  // may reach 0x400
+  // 65520 = 65504 + ulp/2 is a tie whose even neighbour is 2^16, i.e. infinity.
+  const std::uint32_t bits = a > 0x7f800000u   ? nan
+                             : a >= 0x477ff000u ? 0x7c00u
+                             : a >= 0x38800000u ? normal
+                                                : sub;
+  return static_cast<std::uint16_t>(sign | bits);
 }
 
-/// The binary32 bit pattern of the value encoded by binary16 bits `h` (exact).
+/// The binary32 bit pattern of the value encoded by binary16 bits `h` (exact), branch-free.
 DISTOPT_HD constexpr std::uint32_t fp16_bits_to_float_bits(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t e = (h >> 10) & 0x1fu;
-  std::uint32_t m = h & 0x3ffu;
-  if (e == 0x1fu) {
-    return sign | 0x7f800000u | (m << 13);  // inf, or NaN with its payload
-  }
-  if (e != 0u) {
-    return sign | ((e + 112u) << 23) | (m << 13);
-  }
-  if (m == 0u) {
-    return sign;
-  }
-  // Subnormal m * 2^-24: normalise so the leading one becomes the implicit bit.
-  std::uint32_t fe = 113u;  // float exponent field of 2^-14, decremented per shift
-  while ((m & 0x400u) == 0u) {
-    m <<= 1;
-    --fe;
-  }
-  return sign | (fe << 23) | ((m & 0x3ffu) << 13);
+  const std::uint32_t m = h & 0x3ffu;
+  const std::uint32_t special = 0x7f800000u | (m << 13);  // inf, or NaN with its payload
+  const std::uint32_t normal = ((e + 112u) << 23) | (m << 13);
+  // Subnormal (or zero) m * 2^-24 is exact in binary32: convert the integer and scale.
+  const std::uint32_t sub = __builtin_bit_cast(std::uint32_t, static_cast<float>(m) * 0x1p-24f);
+  return sign | (e == 0x1fu ? special : e != 0u ? normal : sub);
 }
 
 } // namespace detail

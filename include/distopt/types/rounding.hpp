@@ -38,10 +38,22 @@ DISTOPT_HD constexpr std::uint64_t splitmix64_finalise(std::uint64_t z) noexcept
 
 /// 32 well-mixed random bits for element `counter` of stream `key`. Stateless, so a
 /// value depends only on (key, counter), never on how the work was split across threads.
+/// The per-element work is 32-bit only (an odd multiply, then a 32-bit avalanche hash), so
+/// that loops calling it vectorise; the 64-bit key mixing is loop-invariant.
 DISTOPT_HD constexpr std::uint32_t mix32(std::uint64_t key, std::uint64_t counter) noexcept {
-  // Distinct counters stay distinct (odd multiplier, then a bijection) within one key.
   const std::uint64_t k = splitmix64_finalise(key ^ 0x6a09e667f3bcc909ull);
-  return static_cast<std::uint32_t>(splitmix64_finalise(k + counter * 0x9e3779b97f4a7c15ull) >> 32);
+  // Distinct counters below 2^32 stay distinct within one key: odd multiply and xor are
+  // bijections on 32 bits; the high half of the counter is folded in through the key word.
+  std::uint32_t x = static_cast<std::uint32_t>(counter) * 0x9e3779b9u;
+  x ^= static_cast<std::uint32_t>(k) ^ (static_cast<std::uint32_t>(counter >> 32) * 0x85ebca6bu);
+  x += static_cast<std::uint32_t>(k >> 32);
+  // A 32-bit avalanche (xorshift-multiply rounds).
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
 }
 
 } // namespace detail

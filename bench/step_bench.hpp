@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+// distopt-bench-step: shared pieces. One translation unit per policy instantiates its cases
+// (param x grad x state), so the benchmark builds in parallel.
+
+#include <distopt/distopt.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace bench {
+
+struct settings {
+  std::size_t params = std::size_t{64} << 20;
+  int threads = 0;
+  int repeats = 5;
+};
+
+/// One measured case.
+struct row {
+  std::string policy, options, param, grad, state;
+  double ns_per_param = 0, bytes_per_param = 0, gbps = 0;
+  int rw_arrays = 0;  ///< arrays read and written back: param, master, state slots
+};
+
+/// GPT-like tensors (d = 1024): an embedding, then layers of qkv/proj/fc matrices and
+/// their biases and norms, until n parameters.
+distopt::layout gpt_like(std::size_t n, distopt::dtype t);
+
+template <class F>
+double best_seconds(int repeats, F&& f) {
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+/// Times one step (the fused update; the finite check is a separate read of the grads
+/// and is off here) of Policy with the given number types.
+template <class Policy, class State, class Param, class Grad>
+row measure(const settings& s, const typename Policy::hyper_params& h, std::string options,
+            bool master_weights = true) {
+  using opt_t = distopt::optimizer<Policy, distopt::replicated<State>, distopt::single,
+                                   distopt::cpu, distopt::precision<Param, Grad>>;
+  distopt::optimizer_options o;
+  o.check_finite = false;
+  o.master_weights = master_weights;
+  opt_t opt(gpt_like(s.params, distopt::dtype_of<Param>), h, o, distopt::cpu(s.threads));
+  for (auto& g : opt.grads()) g = distopt::from_float<Grad>(1e-3f);
+  opt.step();
+  const double secs = best_seconds(s.repeats, [&] { opt.step(); });
+  const auto mem = opt.memory();
+  const int slots = Policy::state_slots(h);
+  const bool master = mem.entries[2].bytes != 0;
+  const double n = static_cast<double>(opt.tensors().numel());
+  row r;
+  r.policy = std::string(Policy::name);
+  r.options = std::move(options);
+  r.param = std::string(distopt::dtype_name(distopt::dtype_of<Param>));
+  if (!std::is_same_v<Param, float>) r.param += master ? "+master" : "+sr";
+  r.grad = std::string(distopt::dtype_name(distopt::dtype_of<Grad>));
+  r.state = slots ? std::string(distopt::dtype_name(distopt::dtype_of<State>)) : "-";
+  r.bytes_per_param = 2.0 * sizeof(Param) + sizeof(Grad) + (master ? 8.0 : 0.0) +
+                      2.0 * slots * sizeof(State);
+  r.ns_per_param = secs / n * 1e9;
+  r.gbps = n * r.bytes_per_param / secs / 1e9;
+  r.rw_arrays = 1 + (master ? 1 : 0) + slots;
+  return r;
+}
+
+/// The (param, grad, state) combinations measured for every policy.
+template <class Policy>
+void measure_all(const settings& s, const typename Policy::hyper_params& h,
+                 const std::string& options, std::vector<row>& out) {
+  using distopt::bf16;
+  using distopt::fp16;
+  out.push_back(measure<Policy, float, float, float>(s, h, options));
+  out.push_back(measure<Policy, bf16, float, float>(s, h, options));
+  out.push_back(measure<Policy, float, bf16, bf16>(s, h, options));
+  out.push_back(measure<Policy, bf16, bf16, bf16>(s, h, options));
+  out.push_back(measure<Policy, float, bf16, bf16>(s, h, options, false));
+  out.push_back(measure<Policy, float, bf16, float>(s, h, options));
+  out.push_back(measure<Policy, float, fp16, fp16>(s, h, options));
+}
+
+void run_sgd(const settings&, std::vector<row>&);
+void run_adam(const settings&, std::vector<row>&);
+void run_adamw(const settings&, std::vector<row>&);
+void run_lion(const settings&, std::vector<row>&);
+
+}  // namespace bench
