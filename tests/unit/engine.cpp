@@ -408,8 +408,7 @@ BOOST_AUTO_TEST_CASE(hyper_parameters_as_text) {
                     "expects true or false");
   adam::hyper_params back;
   const std::string text = hyper_params_string<adam>(h);
-  BOOST_TEST(text == "lr=0.00029999999999999997 betas=0.80000000000000004,0.94999999999999996 "
-                     "eps=1e-08 weight_decay=0 amsgrad=true maximize=false");
+  BOOST_TEST(text == "lr=3e-04 betas=0.8,0.95 eps=1e-08 weight_decay=0 amsgrad=true maximize=false");
   for (std::size_t pos = 0; pos < text.size();) {
     const auto end = std::min(text.find(' ', pos), text.size());
     const auto item = text.substr(pos, end - pos);

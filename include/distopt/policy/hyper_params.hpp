@@ -6,8 +6,8 @@
 
 #include <array>
 #include <span>
+#include <charconv>
 #include <cmath>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -30,11 +30,11 @@ class invalid_hyper_parameter : public std::invalid_argument {
 };
 
 namespace detail {
+/// The shortest text that reads back as the same double ("0.9", not "0.90000000000000002").
 inline std::string format_number(double v) {
-  std::ostringstream s;
-  s.precision(17);
-  s << v;
-  return s.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 }  // namespace detail
 
