@@ -32,7 +32,10 @@ DISTOPT_HD constexpr std::uint16_t float_bits_to_fp16_bits(std::uint32_t u) noex
   const std::uint32_t q = m >> shift;
   const std::uint32_t rem = m & ((1u << shift) - 1u);
   const std::uint32_t half = 1u << (shift - 1u);
-  const std::uint32_t sub = q + ((rem > half) | ((rem == half) & q & 1u));  // may reach 0x400
+  // Comparisons as 0/1 integers: GCC does not vectorise bool arithmetic mixed with uint32.
+  const std::uint32_t above = static_cast<std::uint32_t>(rem > half);
+  const std::uint32_t tie = static_cast<std::uint32_t>(rem == half);
+  const std::uint32_t sub = q + (above | (tie & q & 1u));  // may reach 0x400, still right
   // 65520 = 65504 + ulp/2 is a tie whose even neighbour is 2^16, i.e. infinity.
   const std::uint32_t bits = a > 0x7f800000u   ? nan
                              : a >= 0x477ff000u ? 0x7c00u
@@ -48,8 +51,12 @@ DISTOPT_HD constexpr std::uint32_t fp16_bits_to_float_bits(std::uint16_t h) noex
   const std::uint32_t m = h & 0x3ffu;
   const std::uint32_t special = 0x7f800000u | (m << 13);  // inf, or NaN with its payload
   const std::uint32_t normal = ((e + 112u) << 23) | (m << 13);
-  // Subnormal (or zero) m * 2^-24 is exact in binary32: convert the integer and scale.
-  const std::uint32_t sub = __builtin_bit_cast(std::uint32_t, static_cast<float>(m) * 0x1p-24f);
+  // Subnormal m * 2^-24, normalised with integer operations only (no float arithmetic,
+  // which GCC will not if-convert under -ftrapping-math): shift = 10 - floor(log2 m).
+  std::uint32_t shift = 1u;
+  for (std::uint32_t k = 1u; k < 10u; ++k) shift += static_cast<std::uint32_t>(m < (1u << k));
+  const std::uint32_t sub =
+      m == 0u ? 0u : ((113u - shift) << 23) | (((m << shift) & 0x3ffu) << 13);
   return sign | (e == 0x1fu ? special : e != 0u ? normal : sub);
 }
 
