@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
-"""PyTorch's optimizer step on the CPU, for a side-by-side with distopt-bench-step.
+"""PyTorch's CPU optimizer step beside distopt's, same sizes, same threads, same run.
 
-Same model shape as bench/step_bandwidth.cpp (GPT-like tensors up to --params), fp32,
-one step timed after a warm-up, best of --repeats. Prints one JSON line per case with
-the bytes moved per parameter under the same model (each input read once, each output
-written once). Needs torch (pip install torch); not part of the test suite.
+Builds the model shape of bench/step_bandwidth.cpp (GPT-like tensors up to --params),
+times one torch.optim step per case (best of --repeats after a warm-up), runs
+distopt-bench-step with the same --params and --threads, and prints both in the same
+columns with the ratio of times (distopt / torch: below 1 means distopt is faster).
+Writes JSON lines of every case to --json, for bench/plot_step.py.
 
-    python3 bench/peers/torch_step.py --params 67108864 --threads 2
+    python3 bench/peers/torch_step.py --distopt build/bench/distopt-bench-step \\
+        --params 67108864 --threads 2 --json bench/results-cpu.jsonl
+
+Needs torch from PyPI (pip install torch); not part of the test suite.
 """
 import argparse
 import json
+import subprocess
+import sys
 import time
 
 import torch
 
 
 def gpt_like(n, d=1024):
+    """The tensor shapes of bench::gpt_like."""
     shapes, total = [], 0
 
     def add(shape):
@@ -38,39 +45,82 @@ def gpt_like(n, d=1024):
     return shapes
 
 
-def bench(name, make_opt, params, bytes_per_param, repeats, threads):
-    opt = make_opt(params)
+# (name, torch constructor, dtype, bytes/param, the distopt row it is compared with)
+CASES = [
+    ("adamw foreach", lambda ps: torch.optim.AdamW(ps, foreach=True), torch.float32, 28,
+     ("adamw", "", "fp32", "fp32", "fp32")),
+    ("adamw fused", lambda ps: torch.optim.AdamW(ps, fused=True), torch.float32, 28,
+     ("adamw", "", "fp32", "fp32", "fp32")),
+    ("adam fused", lambda ps: torch.optim.Adam(ps, fused=True), torch.float32, 28,
+     ("adam", "", "fp32", "fp32", "fp32")),
+    ("sgd momentum foreach", lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, foreach=True),
+     torch.float32, 20, ("sgd", "momentum=0.9", "fp32", "fp32", "fp32")),
+    ("sgd momentum fused", lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, fused=True),
+     torch.float32, 20, ("sgd", "momentum=0.9", "fp32", "fp32", "fp32")),
+    # torch keeps bf16 params without a master copy and its states in the param dtype:
+    # compared with distopt's bf16 params + stochastic rounding and fp32 states (it moves
+    # 22 B/param to torch's 14, and stays exact where torch's bf16 states lose bits).
+    ("adamw fused bf16", lambda ps: torch.optim.AdamW(ps, fused=True), torch.bfloat16, 14,
+     ("adamw", "", "bf16+sr", "bf16", "fp32")),
+]
+
+
+def time_case(make, dtype, shapes, repeats):
+    params = [torch.zeros(s, dtype=dtype, requires_grad=True) for s in shapes]
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
+    opt = make(params)
     opt.step()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         opt.step()
         best = min(best, time.perf_counter() - t0)
-    n = sum(p.numel() for p in params)
-    print(json.dumps({"bench": "step", "peer": "torch " + torch.__version__, "case": name, "params": n,
-                      "threads": threads, "ns_per_param": round(best / n * 1e9, 4),
-                      "bytes_per_param": bytes_per_param, "gbps": round(n * bytes_per_param / best / 1e9, 2)}))
+    return best, sum(p.numel() for p in params)
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--distopt", required=True, help="path of distopt-bench-step")
     ap.add_argument("--params", type=int, default=64 << 20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="write every case (distopt's and torch's) as JSON lines here")
     a = ap.parse_args()
+
+    out = subprocess.run([a.distopt, "--params", str(a.params), "--threads", str(a.threads),
+                          "--repeats", str(a.repeats)], check=True, capture_output=True, text=True).stdout
+    sys.stdout.write(out)
+    ours = {}
+    rows = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows.append(r)
+            ours[(r["policy"], r["options"], r["param"], r["grad"], r["state"])] = r
+
     torch.set_num_threads(a.threads)
     shapes = gpt_like(a.params)
-    for name, make, nbytes in [
-        ("adamw foreach", lambda ps: torch.optim.AdamW(ps, foreach=True), 28),
-        ("adamw fused", lambda ps: torch.optim.AdamW(ps, fused=True), 28),
-        ("adamw for-loop", lambda ps: torch.optim.AdamW(ps, foreach=False), 28),
-        ("sgd for-loop", lambda ps: torch.optim.SGD(ps, lr=1e-3, foreach=False), 12),
-    ]:
-        params = [torch.zeros(s, requires_grad=True) for s in shapes]
-        bench(name, make, params, nbytes, a.repeats, a.threads)
-        del params
+    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, same tensors\n")
+    print(f"{'torch case':<22} {'ns/param':>9} {'B/param':>8} {'GB/s':>7} {'distopt ns/param':>17} {'distopt/torch':>14}")
+    for name, make, dtype, nbytes, key in CASES:
+        try:
+            secs, n = time_case(make, dtype, shapes, a.repeats)
+        except (RuntimeError, ValueError) as e:  # e.g. a fused kernel this torch lacks on CPU
+            print(f"{name:<22} not available in this torch: {str(e).splitlines()[0]}")
+            continue
+        ns = secs / n * 1e9
+        mine = ours.get(key)
+        ratio = mine["ns_per_param"] / ns if mine else float("nan")
+        print(f"{name:<22} {ns:>9.3f} {nbytes:>8} {n * nbytes / secs / 1e9:>7.1f} "
+              f"{mine['ns_per_param'] if mine else float('nan'):>17.3f} {ratio:>14.2f}")
+        rows.append({"bench": "step", "peer": "torch " + torch.__version__, "case": name, "params": n,
+                     "threads": a.threads, "ns_per_param": round(ns, 4), "bytes_per_param": nbytes,
+                     "gbps": round(n * nbytes / secs / 1e9, 2), "distopt_over_torch": round(ratio, 3)})
+    if a.json:
+        with open(a.json, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":
