@@ -41,19 +41,13 @@ template <class Policy>
 typename Policy::hyper_params hyper_from(const config& cfg) {
   typename Policy::hyper_params h;
   apply_example_defaults<Policy>(h);
-  for (const auto& [k, v] : cfg.sets) {
-    try {
-      distopt::set_hyper_param<Policy>(h, k, v);
-    } catch (const std::invalid_argument& e) {
-      throw usage_error("--set " + k + "=" + v + ": " + e.what());
-    }
-  }
   try {
-    h.validate();
-  } catch (const std::invalid_argument& e) {
+    return distopt::apply_hyper_params<Policy>(h, cfg.sets);
+  } catch (const distopt::invalid_hyper_parameter& e) {  // a value out of range
     throw usage_error(e.what());
+  } catch (const std::invalid_argument& e) {  // a setting that does not parse
+    throw usage_error(std::string("--set ") + e.what());
   }
-  return h;
 }
 
 template <class Policy, class Param>

@@ -16,17 +16,12 @@ namespace replay {
 template <class Policy, class State, class Param, class Grad>
 result run_typed(const trace& tr, const config& cfg) {
   typename Policy::hyper_params h;
-  for (const auto& [k, v] : cfg.sets) {
-    try {
-      distopt::set_hyper_param<Policy>(h, k, v);
-    } catch (const std::invalid_argument& e) {
-      throw usage_error(std::string("--set ") + k + "=" + v + ": " + e.what());
-    }
-  }
   try {
-    h.validate();
-  } catch (const std::invalid_argument& e) {
+    h = distopt::apply_hyper_params<Policy>(h, cfg.sets);
+  } catch (const distopt::invalid_hyper_parameter& e) {  // a value out of range
     throw usage_error(e.what());
+  } catch (const std::invalid_argument& e) {  // a setting that does not parse
+    throw usage_error(std::string("--set ") + e.what());
   }
 
   distopt::layout lay;

@@ -417,6 +417,18 @@ BOOST_AUTO_TEST_CASE(hyper_parameters_as_text) {
     pos = end + 1;
   }
   BOOST_TEST(hyper_params_string<adam>(back) == text);
+
+  // apply_hyper_params: settings in order, then validation; the base values are kept
+  const std::vector<std::pair<std::string, std::string>> sets{{"lr", "0.5"}, {"lr", "0.25"}};
+  const auto applied = apply_hyper_params<adam>(back, sets);
+  BOOST_TEST(applied.lr == 0.25);
+  BOOST_TEST(applied.amsgrad);
+  CHECK_THROWS_WITH(apply_hyper_params<adam>(back, std::vector<std::pair<std::string, std::string>>{
+                        {"eps", "x"}}),
+                    std::invalid_argument, "eps=x: adam: hyper-parameter 'eps' expects a number");
+  CHECK_THROWS_WITH(apply_hyper_params<adam>(back, std::vector<std::pair<std::string, std::string>>{
+                        {"eps", "-1"}}),
+                    invalid_hyper_parameter, "adam: invalid eps -1");
 }
 
 BOOST_AUTO_TEST_CASE(memory_report_counts_bytes_per_parameter) {

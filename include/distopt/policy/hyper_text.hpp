@@ -117,6 +117,23 @@ void set_hyper_param(typename Policy::hyper_params& h, std::string_view key,
                                 std::string(key) + "' (known: " + known + ")");
 }
 
+/// Applies `--set KEY=VALUE` style settings in order to `h`, then validates the result.
+/// Throws std::invalid_argument whose message starts with "KEY=VALUE: " for a setting that
+/// does not parse, or is the policy's own message for a value out of range.
+template <class Policy, class Settings>
+typename Policy::hyper_params apply_hyper_params(typename Policy::hyper_params h,
+                                                 const Settings& settings) {
+  for (const auto& [key, value] : settings) {
+    try {
+      set_hyper_param<Policy>(h, key, value);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(key) + "=" + std::string(value) + ": " + e.what());
+    }
+  }
+  h.validate();
+  return h;
+}
+
 /// "lr=0.001 betas=0.9,0.999 ..." in declaration order; `set_hyper_param` reads it back.
 template <class Policy>
 std::string hyper_params_string(const typename Policy::hyper_params& h) {
