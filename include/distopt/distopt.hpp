@@ -4,6 +4,7 @@
 /// \file Everything a user needs: the optimizer, the policies, storage, communicator and executor.
 
 #include "comm/single.hpp"
+#include "comm/threads.hpp"
 #include "concepts.hpp"
 #include "config.hpp"
 #include "exec/cpu.hpp"
