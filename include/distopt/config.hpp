@@ -33,9 +33,11 @@
 /// and for AVX2, and the loader picks one per machine (GCC function multi-versioning).
 /// AVX2 brings 256-bit vectors and a cheap 32-to-16-bit pack for bf16, but no FMA, so
 /// both versions compute the same bits. Off where the compiler already targets AVX2, off
-/// for Clang and device code, and off with -DDISTOPT_NO_TARGET_CLONES.
+/// for Clang and device code, off under ThreadSanitizer (its instrumented ifunc resolver
+/// runs before the TSan runtime starts and crashes), and off with -DDISTOPT_NO_TARGET_CLONES.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
-    defined(__linux__) && !defined(__AVX2__) && !defined(DISTOPT_NO_TARGET_CLONES)
+    defined(__linux__) && !defined(__AVX2__) && !defined(__SANITIZE_THREAD__) &&          \
+    !defined(DISTOPT_NO_TARGET_CLONES)
 #define DISTOPT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DISTOPT_CPU_CLONES
