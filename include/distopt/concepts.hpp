@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "comm/request.hpp"
 #include "step_info.hpp"
 #include "types/dtype.hpp"
 
@@ -118,6 +119,18 @@ concept communicator =
       c.reduce_scatter(cf, f, op);
       c.broadcast(f, root);
       { cc.bytes_sent() } -> std::convertible_to<std::size_t>;
+    };
+
+/// A communicator that also starts collectives asynchronously: the `i`-forms return a
+/// `comm_request` to wait on, and the buffers stay untouched until then.
+template <class C>
+concept async_communicator =
+    communicator<C> &&
+    requires(C& c, std::span<float> f, std::span<const float> cf, reduce_op op, int root) {
+      { c.iall_reduce(f, op) } -> std::same_as<comm_request>;
+      { c.iall_gather(cf, f) } -> std::same_as<comm_request>;
+      { c.ireduce_scatter(cf, f, op) } -> std::same_as<comm_request>;
+      { c.ibroadcast(f, root) } -> std::same_as<comm_request>;
     };
 
 // ---------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "../concepts.hpp"
+#include "request.hpp"
 
 namespace distopt {
 
@@ -29,14 +30,14 @@ class single {
   template <class T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     check_sizes("all_gather", in.size(), out.size());
-    std::copy(in.begin(), in.end(), out.begin());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
   }
 
   /// Reduce `in` over ranks and keep this rank's slice in `out`: with one rank, a copy.
   template <class T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op) {
     check_sizes("reduce_scatter", in.size(), out.size());
-    std::copy(in.begin(), in.end(), out.begin());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
   }
 
   /// Broadcast from `root`, which must be 0.
@@ -45,6 +46,28 @@ class single {
     if (root != 0)
       throw std::invalid_argument("distopt::single::broadcast: root " + std::to_string(root) +
                                   " does not exist in a group of one rank");
+  }
+
+  /// Asynchronous forms: with one rank the work is done at once and the request is complete.
+  template <class T>
+  comm_request iall_reduce(std::span<T> data, reduce_op op) {
+    all_reduce(data, op);
+    return {};
+  }
+  template <class T>
+  comm_request iall_gather(std::span<const T> in, std::span<T> out) {
+    all_gather(in, out);
+    return {};
+  }
+  template <class T>
+  comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    reduce_scatter(in, out, op);
+    return {};
+  }
+  template <class T>
+  comm_request ibroadcast(std::span<T> data, int root) {
+    broadcast(data, root);
+    return {};
   }
 
   /// Bytes this rank has sent to others: none.
