@@ -58,7 +58,7 @@ row measure(const settings& s, const typename Policy::hyper_params& h, std::stri
   const double secs = best_seconds(s.repeats, [&] { opt.step(); });
   const auto mem = opt.memory();
   const int slots = Policy::state_slots(h);
-  const bool master = mem.entries[2].bytes != 0;
+  const bool master = mem.bytes("master") != 0;
   const double n = static_cast<double>(opt.tensors().numel());
   row r;
   r.policy = std::string(Policy::name);

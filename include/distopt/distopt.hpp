@@ -19,6 +19,7 @@
 #include "policy/sgd.hpp"
 #include "step_info.hpp"
 #include "storage/replicated.hpp"
+#include "storage/sharded.hpp"
 #include "types/bf16.hpp"
 #include "types/dtype.hpp"
 #include "types/fp16.hpp"

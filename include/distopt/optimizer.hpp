@@ -19,6 +19,9 @@
 #include "comm/single.hpp"
 #include "concepts.hpp"
 #include "detail/buffer.hpp"
+#include "detail/exact_sum.hpp"
+#include "detail/layout_check.hpp"
+#include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "exec/cpu.hpp"
 #include "layout/registry.hpp"
@@ -26,6 +29,7 @@
 #include "memory_report.hpp"
 #include "step_info.hpp"
 #include "storage/replicated.hpp"
+#include "storage/sharded.hpp"
 #include "types/dtype.hpp"
 #include "types/rounding.hpp"
 
@@ -51,6 +55,25 @@ struct optimizer_options {
   std::uint64_t seed = 0;
   /// Dynamic loss scaling (for fp16 gradients); off when empty.
   std::optional<dynamic_loss_scale> loss_scale{};
+  /// How the ranks' grads are combined: avg (each rank's grad is the mean over its share
+  /// of the batch, as torch DDP and Megatron) or sum.
+  reduce_op grad_reduce = reduce_op::avg;
+  /// Reduce bf16/fp16 grads in fp32 (through an fp32 staging bucket) and keep the reduced
+  /// grads in fp32. Without it they are reduced, and kept, in their own type.
+  bool grad_reduce_in_fp32 = false;
+  /// Sharded storage: all-gather the updated params after each step. Turn off when the
+  /// caller keeps params sharded; each rank's params then hold only its own shard fresh.
+  bool gather_params = true;
+  /// Elements per communication bucket: whole tensors are grouped until a bucket reaches it.
+  std::size_t bucket_elems = std::size_t{1} << 22;
+};
+
+/// One rank's part of a tensor's master weights or state: `values` are elements
+/// [first, first + values.size()) of the tensor (in its flat, row-major order).
+template <class T>
+struct shard_view {
+  std::span<T> values;
+  std::size_t first = 0;
 };
 
 namespace detail {
@@ -86,13 +109,15 @@ consteval bool check_optimizer_arguments() {
 /// elements are visited) and the number types of params and grads.
 ///
 /// The optimizer owns flat buffers for params, grads, fp32 master weights and states; the
-/// caller writes initial params and each step's grads into the views it hands out.
+/// caller writes initial params and each step's grads into the views it hands out. Every
+/// rank holds the full params and grads. With `replicated` storage every rank also holds
+/// all master weights and states, and the grads are all-reduced; with `sharded` storage
+/// each rank holds 1/d of them, the grads are reduce-scattered, and the updated params
+/// all-gathered. The result does not depend on d or on the thread count, bit for bit.
 template <class Policy, class Storage = replicated<fp32>, class Comm = single, class Exec = cpu,
           class Precision = precision<float>>
 class optimizer {
   static_assert(detail::check_optimizer_arguments<Policy, Storage, Comm, Exec, Precision>());
-  static_assert(!Storage::is_sharded,
-                "distopt::optimizer: sharded storage has not landed yet; use replicated<...>");
 
  public:
   using policy_type = Policy;
@@ -100,9 +125,12 @@ class optimizer {
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
   using state_type = typename Storage::encoding;
+  static constexpr bool is_sharded = Storage::is_sharded;
 
   /// Creates the buffers for `tensors`; `groups[i]` holds the hyper-parameters of the tensors
-  /// registered with group i. Every tensor must be registered with the param dtype.
+  /// registered with group i. Every tensor must be registered with the param dtype. With
+  /// more than one rank this is collective: every rank must construct its optimizer, with
+  /// the same layout (checked: a difference is reported on every rank).
   optimizer(layout tensors, std::vector<hyper_params> groups, optimizer_options options = {},
             Exec exec = Exec{}, Comm comm = Comm{})
       : layout_(std::move(tensors)),
@@ -127,15 +155,31 @@ class optimizer {
                                     std::to_string(t.group) + " but only " +
                                     std::to_string(groups_.size()) + " group(s) were given");
     }
+    if (options_.grad_reduce == reduce_op::max)
+      throw std::invalid_argument("distopt::optimizer: grad_reduce must be sum or avg, not max");
+    if (options_.bucket_elems == 0)
+      throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
+    if (chunk_elems % layout_.block_size() != 0)
+      throw std::invalid_argument("distopt::optimizer: the layout's block size " +
+                                  std::to_string(layout_.block_size()) + " is larger than " +
+                                  std::to_string(chunk_elems) + " elements");
+    detail::check_layout_agreement(comm_, layout_, "distopt::optimizer");
     if (options_.loss_scale) scaler_ = loss_scaler(*options_.loss_scale);
     for (const auto& h : groups_) slots_ = std::max(slots_, Policy::state_slots(h));
 
-    const std::size_t n = layout_.size();
-    params_ = detail::buffer<param_type, Exec>(exec_, n);
-    grads_ = detail::buffer<grad_type, Exec>(exec_, n);
-    if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, n);
-    for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, n);
-    make_chunks();
+    const int d = comm_.size();
+    plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
+                               options_.bucket_elems, chunk_elems);
+    params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
+    grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
+    if (reduces_in_fp32()) {
+      grads32_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
+      std::size_t largest = 0;
+      for (const auto& b : plan_.buckets()) largest = std::max(largest, b.padded());
+      staging_ = detail::buffer<float, Exec>(exec_, largest);
+    }
+    if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
+    for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
   }
 
   /// One hyper-parameter group for every tensor.
@@ -144,26 +188,33 @@ class optimizer {
       : optimizer(std::move(tensors), std::vector<hyper_params>{std::move(hyper)},
                   std::move(options), std::move(exec), std::move(comm)) {}
 
-  /// The tensors and their place in the flat buffers.
+  /// The tensors and their place in the layout.
   const layout& tensors() const noexcept { return layout_; }
 
-  /// The params of tensor `name`: write initial values here before the first step.
-  std::span<param_type> param(std::string_view name) { return view(params_, name); }
+  /// The params of tensor `name`: write initial values here before the first step (the
+  /// same values on every rank).
+  std::span<param_type> param(std::string_view name) { return full_view(params_, name); }
   /// The grads of tensor `name`: write each step's gradient here before `step()`.
-  std::span<grad_type> grad(std::string_view name) { return view(grads_, name); }
-  /// The fp32 master weights of tensor `name` (only with master weights on bf16/fp16 params).
+  std::span<grad_type> grad(std::string_view name) { return full_view(grads_, name); }
+  /// The fp32 master weights of tensor `name` (only with master weights on bf16/fp16 params;
+  /// replicated storage only: with sharded storage use local_master).
   std::span<const float> master(std::string_view name) const {
-    if (!uses_master())
-      throw std::logic_error("distopt::optimizer: no master weights are kept for '" +
-                             std::string(name) + "' (fp32 params or master_weights off)");
-    return view(master_, name);
+    require_master(name);
+    return whole_local(master_, name, "master");
   }
-  /// State slot `k` of tensor `name` (slot meaning is the policy's, e.g. adam: 0 exp_avg).
+  /// State slot `k` of tensor `name` (slot meaning is the policy's, e.g. adam: 0 exp_avg);
+  /// replicated storage only: with sharded storage use local_state.
   std::span<const state_type> state(std::string_view name, int k) const {
-    if (k < 0 || k >= slots_)
-      throw std::out_of_range(std::string(Policy::name) + ": state slot " + std::to_string(k) +
-                              " does not exist (" + std::to_string(slots_) + " in use)");
-    return view(states_[k], name);
+    return whole_local(states_[check_slot(k)], name, "state");
+  }
+  /// This rank's part of the master weights of tensor `name` (all of it when replicated).
+  shard_view<const float> local_master(std::string_view name) const {
+    require_master(name);
+    return local_view(master_, name);
+  }
+  /// This rank's part of state slot `k` of tensor `name` (all of it when replicated).
+  shard_view<const state_type> local_state(std::string_view name, int k) const {
+    return local_view(states_[check_slot(k)], name);
   }
   /// The whole flat buffers, padding included (for bulk I/O).
   std::span<param_type> params() noexcept { return params_.span(); }
@@ -186,9 +237,20 @@ class optimizer {
   std::int64_t step_count() const noexcept { return step_; }
   /// The factor to multiply the loss by before backward (1 without loss scaling).
   double loss_scale() const noexcept { return scaler_ ? scaler_->scale() : 1.0; }
-  /// The executor and communicator in use.
+  /// The executor and the data-parallel communicator in use.
   Exec& executor() noexcept { return exec_; }
   Comm& communicator() noexcept { return comm_; }
+
+  /// Adds a model-parallel group (tensor and pipeline parallel ranks that hold different
+  /// parts of the model): the global grad norm is then also all-reduced over it, counting
+  /// tensors registered with tp_split::none only on TP rank `tp_rank` == 0, so that
+  /// tensors every TP rank holds a copy of are counted once. Collective over `group`.
+  void set_model_parallel_group(Comm group, int tp_rank) {
+    if (tp_rank < 0)
+      throw std::invalid_argument("distopt::optimizer: tp_rank must be >= 0, got " + std::to_string(tp_rank));
+    model_parallel_.emplace(std::move(group));
+    tp_rank_ = tp_rank;
+  }
 
   /// Sets every grad to zero.
   void zero_grad() {
@@ -198,12 +260,40 @@ class optimizer {
     exec_.parallel_for((n + per - 1) / per, [&](std::size_t c) {
       std::fill(g + c * per, g + std::min(n, (c + 1) * per), grad_type{});
     });
+    reduced_ = false;
   }
 
-  /// Computes the global L2 norm of the (unscaled) gradients, as
+  /// Combines the ranks' grads (all-reduce when replicated, reduce-scatter into the local
+  /// shard when sharded). `clip_grad_norm` and `step` call it when it has not been called
+  /// since the last step; call it yourself to control when communication happens. After
+  /// it, the grads outside this rank's shard are no longer meaningful (sharded).
+  void reduce_grads() {
+    if (reduced_) return;
+    reduced_ = true;
+    const std::size_t d = static_cast<std::size_t>(comm_.size());
+    if (d == 1) return;
+    const reduce_op op = options_.grad_reduce;
+    for (const detail::shard_bucket& b : plan_.buckets()) {
+      const std::size_t n = b.padded();
+      if (reduces_in_fp32()) {
+        float* st = staging_.data();
+        const grad_type* g = grads_.data() + b.buffer_begin;
+        exec_.parallel_for((n + chunk_elems - 1) / chunk_elems, [&](std::size_t c) {
+          for (std::size_t i = c * chunk_elems; i < std::min(n, (c + 1) * chunk_elems); ++i) st[i] = to_float(g[i]);
+        });
+        reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_elems), op);
+      } else {
+        grad_type* g = grads_.data() + b.buffer_begin;
+        reduce_bucket<grad_type>(std::span<grad_type>(g, n),
+                                 std::span<grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems), op);
+      }
+    }
+  }
+
+  /// Computes the global L2 norm of the (unscaled, reduced) gradients, as
   /// torch.nn.utils.clip_grad_norm_, and makes the next `step()` scale them by
   /// min(1, max_norm / (norm + 1e-6)) inside its fused pass. Returns the norm; a NaN or
-  /// Inf norm makes the next step skip.
+  /// Inf norm makes the next step skip. Collective (it reduces the grads first).
   double clip_grad_norm(double max_norm) {
     if (!(max_norm > 0.0) || !std::isfinite(max_norm))
       throw std::invalid_argument("clip_grad_norm: invalid max_norm " + std::to_string(max_norm) +
@@ -213,8 +303,9 @@ class optimizer {
     return norm;
   }
 
-  /// Takes one optimizer step over every tensor. A NaN or Inf gradient skips the step and
-  /// leaves params and states bit for bit as they were.
+  /// Takes one optimizer step over every tensor. A NaN or Inf gradient on any rank skips
+  /// the step on every rank and leaves params and states bit for bit as they were.
+  /// Collective.
   step_result step() {
     step_result r;
     double norm = std::numeric_limits<double>::quiet_NaN();
@@ -225,7 +316,9 @@ class optimizer {
     } else if (options_.check_finite || scaler_) {
       norm = grad_norm();
     }
+    reduce_grads();
     clip_.reset();
+    reduced_ = false;
     r.grad_norm = norm;
     r.found_inf = (options_.check_finite || scaler_) && !std::isfinite(norm);
     if (r.found_inf) {
@@ -237,53 +330,85 @@ class optimizer {
     }
     ++step_;
     if (uses_master() && !master_ready_) load_master_from_params();
-    run_update(static_cast<float>(coef / loss_scale()));
+    if (reduces_in_fp32()) run_update<float>(grads32_.data(), static_cast<float>(coef / loss_scale()));
+    else run_update<grad_type>(grads_.data(), static_cast<float>(coef / loss_scale()));
     if (scaler_) scaler_->update(false);
+    if (is_sharded && options_.gather_params) gather_params();
     r.step = step_;
     r.loss_scale = loss_scale();
     return r;
   }
 
-  /// Copies the params into the fp32 master weights; done automatically before the first
-  /// step, call it again after overwriting params by hand.
+  /// Sharded storage: all-gathers every rank's shard of the params into every rank's full
+  /// params (`step` does it unless gather_params is off). Collective.
+  void gather_params() {
+    if (!is_sharded || comm_.size() == 1) return;
+    for (const detail::shard_bucket& b : plan_.buckets()) {
+      param_type* p = params_.data() + b.buffer_begin;
+      comm_.all_gather(std::span<const param_type>(p + plan_.rank() * b.shard_elems, b.shard_elems),
+                       std::span<param_type>(p, b.padded()));
+    }
+  }
+
+  /// Copies this rank's params into its fp32 master weights; done automatically before
+  /// the first step, call it again after overwriting params by hand.
   void load_master_from_params() {
     if (!uses_master()) return;
     const param_type* p = params_.data();
     float* m = master_.data();
-    exec_.parallel_for(chunks_.size(), [&](std::size_t c) {
-      for (std::size_t i = chunks_[c].begin; i < chunks_[c].end; ++i) m[i] = to_float(p[i]);
+    const auto& pieces = plan_.pieces();
+    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
+      const detail::shard_piece& pc = pieces[c];
+      for (std::size_t i = 0; i < pc.count; ++i) m[pc.local + i] = to_float(p[pc.buffer + i]);
     });
     master_ready_ = true;
   }
 
-  /// Bytes this rank holds, by category, and per parameter.
+  /// Bytes this rank allocates, by category, and per parameter of the model. Each figure
+  /// is the size of an allocation this optimizer holds; the elements that belong to no
+  /// tensor (block alignment, shard padding) are counted under "padding".
   memory_report memory() const {
     memory_report r;
     r.parameters = layout_.numel();
-    r.entries.push_back({"params", params_.bytes()});
-    r.entries.push_back({"grads", grads_.bytes()});
-    r.entries.push_back({"master", master_.bytes()});
-    std::size_t s = 0;
-    for (int k = 0; k < slots_; ++k) s += states_[k].bytes();
-    r.entries.push_back({"states", s});
+    std::size_t padding = 0;
+    const auto add = [&](std::string name, std::size_t bytes, std::size_t elems, std::size_t used) {
+      if (bytes == 0) return;
+      const std::size_t each = bytes / elems;
+      r.entries.push_back({std::move(name), used * each});
+      padding += (elems - used) * each;
+    };
+    const std::size_t full_used = layout_.numel(), local_used = plan_.local_numel();
+    add("params", params_.bytes(), params_.size(), full_used);
+    add("grads", grads_.bytes(), grads_.size(), full_used);
+    add("grads fp32", grads32_.bytes(), grads32_.size(), local_used);
+    add("master", master_.bytes(), master_.size(), local_used);
+    for (int k = 0; k < slots_; ++k)
+      add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
+    r.entries.push_back({"padding", padding});
+    r.entries.push_back({"comm buffers", staging_.bytes()});
     return r;
   }
 
  private:
   /// Elements per work item: a multiple of every block size, large enough to amortise a
-  /// dispatch, small enough to balance threads. Fixed, so reductions do not depend on threads.
+  /// dispatch, small enough to balance threads.
   static constexpr std::size_t chunk_elems = 1u << 14;
 
-  struct chunk {
-    std::size_t begin, end;
-    int group;
-  };
   struct clip_state {
     double norm, coef;
   };
 
   bool uses_master() const noexcept {
     return !std::is_same_v<param_type, float> && options_.master_weights;
+  }
+  bool reduces_in_fp32() const noexcept {
+    return !std::is_same_v<grad_type, float> && options_.grad_reduce_in_fp32 && comm_.size() > 1;
+  }
+
+  template <class T>
+  void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op) {
+    if constexpr (is_sharded) comm_.reduce_scatter(std::span<const T>(bucket), mine, op);
+    else comm_.all_reduce(bucket, op);
   }
 
   int check_group(int g) const {
@@ -293,33 +418,89 @@ class optimizer {
                               ")");
     return g;
   }
+  int check_slot(int k) const {
+    if (k < 0 || k >= slots_)
+      throw std::out_of_range(std::string(Policy::name) + ": state slot " + std::to_string(k) +
+                              " does not exist (" + std::to_string(slots_) + " in use)");
+    return k;
+  }
+  void require_master(std::string_view name) const {
+    if (!uses_master())
+      throw std::logic_error("distopt::optimizer: no master weights are kept for '" +
+                             std::string(name) + "' (fp32 params or master_weights off)");
+  }
+
+  std::size_t index_of(std::string_view name) const {
+    const tensor_slot& t = layout_.find(name);
+    return static_cast<std::size_t>(&t - layout_.tensors().data());
+  }
 
   template <class T>
-  std::span<T> view(const detail::buffer<T, Exec>& b, std::string_view name) const {
-    const tensor_slot& t = layout_.find(name);
-    return b.span().subspan(t.offset, t.numel);
+  std::span<T> full_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
+    const std::size_t i = index_of(name);
+    return b.span().subspan(plan_.tensor_buffer(i), layout_.tensors()[i].numel);
   }
 
-  void make_chunks() {
-    for (const auto& t : layout_.tensors())
-      for (std::size_t b = 0; b < t.numel; b += chunk_elems)
-        chunks_.push_back({t.offset + b, t.offset + std::min(t.numel, b + chunk_elems), t.group});
+  template <class T>
+  shard_view<const T> local_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
+    const std::size_t i = index_of(name);
+    const tensor_slot& t = layout_.tensors()[i];
+    for (const detail::shard_bucket& bk : plan_.buckets()) {
+      if (i < bk.first_tensor || i >= bk.end_tensor) continue;
+      const std::size_t lo = bk.layout_begin + plan_.rank() * bk.shard_elems, hi = lo + bk.shard_elems;
+      const std::size_t a = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
+      if (a >= e) return {std::span<const T>(), 0};
+      return {std::span<const T>(b.data() + bk.local_begin + (a - lo), e - a), a - t.offset};
+    }
+    return {};
   }
 
-  /// Global L2 norm of grads / loss_scale: per-chunk partial sums in a fixed order, so the
-  /// result is the same for every thread count.
+  template <class T>
+  std::span<const T> whole_local(const detail::buffer<T, Exec>& b, std::string_view name, const char* what) const {
+    if constexpr (is_sharded) {
+      if (comm_.size() > 1)
+        throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " +
+                               std::string(what) + " of '" + std::string(name) + "'; use local_" + what);
+    }
+    return local_view(b, name).values;
+  }
+
+  /// Global L2 norm of the reduced grads / loss_scale. Each layout block is summed in
+  /// double, and the block sums are added exactly (detail::exact_sum), over threads,
+  /// shards and ranks: the result is the same for every d and every thread count.
   double grad_norm() {
-    std::vector<double> partial(chunks_.size());
-    const grad_type* g = grads_.data();
+    reduce_grads();
     const double inv = 1.0 / loss_scale();
-    exec_.parallel_for(chunks_.size(), [&](std::size_t c) {
-      partial[c] = detail::sum_of_squares(g, inv, chunks_[c].begin, chunks_[c].end);
+    detail::exact_sum total =
+        reduces_in_fp32() ? local_squares<float>(grads32_.data(), inv) : local_squares<grad_type>(grads_.data(), inv);
+    std::array<double, detail::exact_sum::wire_size> wire{};
+    total.to_wire(wire);
+    if (is_sharded && comm_.size() > 1) comm_.all_reduce(std::span<double>(wire), reduce_op::sum);
+    if (model_parallel_) model_parallel_->all_reduce(std::span<double>(wire), reduce_op::sum);
+    return std::sqrt(detail::exact_sum::from_wire(wire).value());
+  }
+
+  /// This rank's exact sum of squares over its pieces. Reads reduced grads through
+  /// `base`, indexed like the grads (buffer index) or the fp32 shard (local index).
+  template <class G>
+  detail::exact_sum local_squares(const G* base, double inv) {
+    const auto& pieces = plan_.pieces();
+    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
+    const bool skip_replicated = model_parallel_ && tp_rank_ != 0;
+    const std::size_t per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
+    const std::size_t items = (pieces.size() + per - 1) / per;
+    std::vector<detail::exact_sum> acc(items);
+    const std::size_t block = layout_.block_size();
+    exec_.parallel_for(items, [&](std::size_t w) {
+      for (std::size_t c = w * per; c < std::min(pieces.size(), (w + 1) * per); ++c) {
+        const detail::shard_piece& pc = pieces[c];
+        if (skip_replicated && layout_.tensors()[pc.tensor].tp == tp_split::none) continue;
+        detail::add_block_squares(acc[w], base + (local ? pc.local : pc.buffer), inv, pc.count, block);
+      }
     });
-    double total = 0.0;
-    for (double p : partial) total += p;
-    std::array<double, 1> t{total};
-    comm_.all_reduce(std::span<double>(t), reduce_op::sum);
-    return std::sqrt(t[0]);
+    detail::exact_sum total;
+    for (const auto& a : acc) total.add(a);
+    return total;
   }
 
   static constexpr detail::param_mode mode_for(bool master) {
@@ -329,30 +510,36 @@ class optimizer {
     else return detail::param_mode::no_master_rne;
   }
 
-  template <detail::param_mode Mode, int N>
-  void run_with(const std::vector<typename Policy::scalars>& sc,
-                const detail::update_args<param_type, grad_type, state_type>& a,
-                const std::vector<int>& active) {
-    exec_.parallel_for(chunks_.size(), [&](std::size_t c) {
-      const chunk& ch = chunks_[c];
-      if (active[ch.group] != N) return;
-      detail::update_range<Policy, N, Mode>(sc[ch.group], a, ch.begin, ch.end);
+  template <detail::param_mode Mode, int N, class G>
+  void run_with(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
+                std::uint64_t key, const std::vector<int>& active) {
+    const auto& pieces = plan_.pieces();
+    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
+    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
+      const detail::shard_piece& pc = pieces[c];
+      if (active[static_cast<std::size_t>(pc.group)] != N) return;
+      detail::update_args<param_type, G, state_type> a{
+          params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
+          uses_master() ? master_.data() + pc.local : nullptr, {}, grad_scale, key, pc.layout};
+      for (int k = 0; k < N; ++k) a.state[k] = states_[k].data() + pc.local;
+      detail::update_range<Policy, N, Mode>(sc[static_cast<std::size_t>(pc.group)], a, pc.count);
     });
   }
 
-  template <detail::param_mode Mode>
-  void run_mode(const std::vector<typename Policy::scalars>& sc,
-                const detail::update_args<param_type, grad_type, state_type>& a,
-                const std::vector<int>& active) {
+  template <detail::param_mode Mode, class G>
+  void run_mode(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
+                std::uint64_t key, const std::vector<int>& active) {
     [&]<int... N>(std::integer_sequence<int, N...>) {
       // One pass per distinct slot count in use (usually exactly one).
-      ((std::find(active.begin(), active.end(), N) != active.end() ? run_with<Mode, N>(sc, a, active)
-                                                                   : void()),
+      ((std::find(active.begin(), active.end(), N) != active.end()
+            ? run_with<Mode, N>(sc, grads, grad_scale, key, active)
+            : void()),
        ...);
     }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
   }
 
-  void run_update(float grad_scale) {
+  template <class G>
+  void run_update(const G* grads, float grad_scale) {
     std::vector<typename Policy::scalars> sc;
     std::vector<int> active;
     state_started_.resize(groups_.size(), false);
@@ -362,12 +549,10 @@ class optimizer {
       active.push_back(slots);
       if (slots > 0) state_started_[g] = true;
     }
-    detail::update_args<param_type, grad_type, state_type> a{
-        params_.data(), grads_.data(), master_.data(), {}, grad_scale,
-        detail::splitmix64_finalise(options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)))};
-    for (int k = 0; k < slots_; ++k) a.state[k] = states_[k].data();
-    if (uses_master()) run_mode<mode_for(true)>(sc, a, active);
-    else run_mode<mode_for(false)>(sc, a, active);
+    const std::uint64_t key = detail::splitmix64_finalise(
+        options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)));
+    if (uses_master()) run_mode<mode_for(true)>(sc, grads, grad_scale, key, active);
+    else run_mode<mode_for(false)>(sc, grads, grad_scale, key, active);
   }
 
   layout layout_;
@@ -375,17 +560,22 @@ class optimizer {
   optimizer_options options_;
   Exec exec_;
   Comm comm_;
+  std::optional<Comm> model_parallel_;
+  int tp_rank_ = 0;
   std::optional<loss_scaler> scaler_;
   int slots_ = 0;
+  detail::shard_plan plan_;
   detail::buffer<param_type, Exec> params_;
   detail::buffer<grad_type, Exec> grads_;
+  detail::buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
+  detail::buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   detail::buffer<float, Exec> master_;
   std::array<detail::buffer<state_type, Exec>, 4> states_;
-  std::vector<chunk> chunks_;
   std::optional<clip_state> clip_;
   std::int64_t step_ = 0;
   std::vector<bool> state_started_;  // per group: has its state been used yet
   bool master_ready_ = false;
+  bool reduced_ = false;  // grads reduced since the last step
 };
 
 }  // namespace distopt

@@ -4,11 +4,14 @@
 /// \file The fused per-element loop every host backend runs: load grad, param (or master)
 /// and state slots, call the policy's update, store. One contiguous pass, no temporaries.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "../config.hpp"
 #include "../types/rounding.hpp"
+#include "exact_sum.hpp"
 
 namespace distopt::detail {
 
@@ -20,7 +23,9 @@ enum class param_mode {
   no_master_sr,  ///< bf16 params updated in place with stochastic rounding
 };
 
-/// Pointers into the flat buffers for one pass; state slots beyond N are unused.
+/// Pointers to the first element of one run of elements (a piece of one tensor): the
+/// params and grads in the full buffers, the master weights and states in this rank's
+/// shard buffers. Slots beyond N are unused.
 template <class Param, class Grad, class Enc>
 struct update_args {
   Param* param;
@@ -29,6 +34,7 @@ struct update_args {
   Enc* state[4];
   float grad_scale;          ///< multiplies every gradient (loss unscaling, clipping)
   std::uint64_t random_key;  ///< seed and step, for stochastic rounding
+  std::size_t random_base;   ///< layout index of the first element: keys its random bits
 };
 
 template <int K, class Enc>
@@ -40,10 +46,10 @@ DISTOPT_HD DISTOPT_INLINE Enc* slot(Enc* DISTOPT_RESTRICT s0, Enc* DISTOPT_RESTR
   else return s3;
 }
 
-/// Updates elements [begin, end) of the flat buffers with N state slots.
+/// Updates the `n` elements `a` points to, with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
-                  std::size_t begin, std::size_t end) {
+                                     std::size_t n) {
   Param* DISTOPT_RESTRICT p = a.param;
   const Grad* DISTOPT_RESTRICT g = a.grad;
   float* DISTOPT_RESTRICT m = a.master;
@@ -52,8 +58,9 @@ DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const u
   Enc* DISTOPT_RESTRICT s2 = a.state[2];
   Enc* DISTOPT_RESTRICT s3 = a.state[3];
   const float scale = a.grad_scale;
+  const std::size_t base = a.random_base;
   const typename Policy::scalars s = sc;
-  for (std::size_t i = begin; i < end; ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     float value;
     if constexpr (Mode == param_mode::master) value = m[i];
     else value = to_float(p[i]);
@@ -70,24 +77,31 @@ DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const u
       m[i] = value;
       p[i] = from_float<Param>(value);
     } else if constexpr (Mode == param_mode::no_master_sr) {
-      p[i] = stochastic_round_bf16(value, mix32(a.random_key, i));
+      p[i] = stochastic_round_bf16(value, mix32(a.random_key, base + i));
     } else {
       p[i] = from_float<Param>(value);
     }
   }
 }
 
-/// Sum of squares of grad * scale over [begin, end), in double; NaN or Inf if any
-/// element is not finite.
+/// Sum of squares of grad * scale over g[0, n), in double in element order; NaN or Inf
+/// if any element is not finite.
 template <class Grad>
-DISTOPT_CPU_CLONES double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t begin,
-                      std::size_t end) {
+DISTOPT_CPU_CLONES double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t n) {
   double s = 0.0;
-  for (std::size_t i = begin; i < end; ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const double x = static_cast<double>(to_float(g[i])) * scale;
     s += x * x;
   }
   return s;
+}
+
+/// Adds the squares of g[0, n) * scale to `acc`, one exact term per `block` elements (each
+/// block summed in double in element order), so the total does not depend on how the
+/// elements were cut into runs, as long as runs start on block boundaries.
+template <class Grad>
+void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n, std::size_t block) {
+  for (std::size_t b = 0; b < n; b += block) acc.add(sum_of_squares(g + b, scale, std::min(block, n - b)));
 }
 
 }  // namespace distopt::detail

@@ -15,6 +15,19 @@
 
 namespace distopt {
 
+/// How tensor parallelism splits a tensor over the TP group: not at all (every TP rank
+/// holds the same tensor), or along its rows or columns (each TP rank holds its part).
+enum class tp_split : unsigned char { none, rows, cols };
+
+inline const char* tp_split_name(tp_split s) noexcept {
+  switch (s) {
+  case tp_split::none: return "none";
+  case tp_split::rows: return "rows";
+  case tp_split::cols: return "cols";
+  }
+  return "?";
+}
+
 /// One registered tensor and where it lives in the flat buffers.
 struct tensor_slot {
   std::string name;
@@ -26,6 +39,8 @@ struct tensor_slot {
   std::size_t offset = 0;
   /// Number of elements (product of shape).
   std::size_t numel = 0;
+  /// The tensor-parallel split of the logical tensor this rank holds part of.
+  tp_split tp = tp_split::none;
 };
 
 /// Formats a shape as "[2, 3]" for messages.
@@ -50,8 +65,11 @@ class layout {
   }
 
   /// Registers a tensor; names are unique, shapes non-empty with positive dimensions.
+  /// `tp` says how tensor parallelism split it: `shape` is then this TP rank's part, and
+  /// tensors with tp_split::none are counted once (on TP rank 0) in the global grad norm.
   const tensor_slot& add(std::string name, std::vector<std::int64_t> shape,
-                         distopt::dtype type = distopt::dtype::f32, int group = 0) {
+                         distopt::dtype type = distopt::dtype::f32, int group = 0,
+                         tp_split tp = tp_split::none) {
     if (name.empty()) throw std::invalid_argument("distopt::layout::add: tensor name is empty");
     if (index_.count(name))
       throw std::invalid_argument("distopt::layout::add: tensor '" + name +
@@ -72,7 +90,7 @@ class layout {
                                     shape_string(shape) + " overflows");
       numel *= static_cast<std::size_t>(d);
     }
-    tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel};
+    tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel, tp};
     size_ += round_up(numel);
     index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file An exact, order-independent sum of non-negative doubles (a fixed-point
+/// "superaccumulator" over the whole double range), used for the global gradient norm.
+///
+/// Why: the squared norm is a sum over every element of every rank. Summed in floating
+/// point, its bits depend on the order, and so on where the shard cuts fall and on d.
+/// Here each block of the layout (a fixed run of elements of one tensor, never cut) is
+/// summed in double in element order, and the block sums are added exactly, as integers.
+/// Integer addition is associative, so the total is the same for every d, every thread
+/// count and every chunking, and it is rounded to double once, at the end.
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+
+#include "../config.hpp"
+
+namespace distopt::detail {
+
+/// The exact sum of non-negative doubles, plus counts of NaN and Inf terms.
+class exact_sum {
+ public:
+  /// 32-bit limbs from 2^-1074 (the smallest subnormal) up, with room for 2^64 terms of
+  /// the largest double: 1074 + 1024 + 64 bits.
+  static constexpr int limbs = 68;
+  /// What travels between ranks: the limbs, then the NaN and Inf counts, all as doubles.
+  static constexpr int wire_size = limbs + 2;
+
+  /// Adds a non-negative double exactly; NaN and +Inf are counted instead.
+  void add(double v) noexcept {
+    if (!(v == v)) {
+      ++nans_;
+      return;
+    }
+    if (v == 0.0) return;
+    if (std::isinf(v)) {
+      ++infs_;
+      return;
+    }
+    int e = 0;
+    const double f = std::frexp(v, &e);  // v = f * 2^e, f in [0.5, 1)
+    // v = m * 2^(e - 53) with a 53-bit integer m; bit position of m's lowest bit above 2^-1074.
+    int pos = e - 53 + 1074;
+    std::uint64_t m = static_cast<std::uint64_t>(std::ldexp(f, 53));
+    if (pos < 0) {  // subnormal: the low bits of m are zero, shift them out exactly
+      m >>= -pos;
+      pos = 0;
+    }
+    const int k = pos / 32, s = pos % 32;
+    // m << s has at most 85 bits: spread it over three limbs of 32 bits.
+    const std::uint64_t lo = (m << s) & 0xffffffffu;
+    const std::uint64_t mid = (s == 0 ? m >> 32 : (m >> (32 - s))) & 0xffffffffu;
+    const std::uint64_t hi = s == 0 ? 0 : m >> (64 - s);
+    limb_[k] += lo;
+    limb_[k + 1] += mid;
+    limb_[k + 2] += hi;
+    if (++pending_ == (1u << 30)) normalize();
+  }
+
+  /// Adds another accumulator exactly.
+  void add(const exact_sum& o) noexcept {
+    exact_sum t = o;
+    t.normalize();
+    normalize();
+    for (int i = 0; i < limbs; ++i) limb_[i] += t.limb_[i];
+    nans_ += t.nans_;
+    infs_ += t.infs_;
+    normalize();
+  }
+
+  /// Writes the accumulator as doubles for an all-reduce (sum): every value is an integer
+  /// below 2^32, so a sum over fewer than 2^21 ranks is exact in any order.
+  void to_wire(std::span<double, wire_size> w) noexcept {
+    normalize();
+    for (int i = 0; i < limbs; ++i) w[static_cast<std::size_t>(i)] = static_cast<double>(limb_[i]);
+    w[limbs] = static_cast<double>(nans_);
+    w[limbs + 1] = static_cast<double>(infs_);
+  }
+  /// Reads an all-reduced wire image back.
+  static exact_sum from_wire(std::span<const double, wire_size> w) noexcept {
+    exact_sum r;
+    for (int i = 0; i < limbs; ++i) r.limb_[i] = static_cast<std::uint64_t>(w[static_cast<std::size_t>(i)]);
+    r.nans_ = static_cast<std::uint64_t>(w[limbs]);
+    r.infs_ = static_cast<std::uint64_t>(w[limbs + 1]);
+    r.normalize();
+    return r;
+  }
+
+  /// The sum as a double: NaN if a NaN was added, +Inf if an Inf was, otherwise the exact
+  /// integer rounded from its top three nonzero limbs (a deterministic function of the
+  /// exact sum, within 2 ulp of it).
+  double value() noexcept {
+    if (nans_) return std::numeric_limits<double>::quiet_NaN();
+    if (infs_) return std::numeric_limits<double>::infinity();
+    normalize();
+    int top = limbs - 1;
+    while (top >= 0 && limb_[top] == 0) --top;
+    if (top < 0) return 0.0;
+    double r = 0.0;
+    for (int i = top; i >= 0 && i >= top - 2; --i)
+      r += std::ldexp(static_cast<double>(limb_[i]), 32 * i - 1074);
+    return r;
+  }
+
+ private:
+  /// Carries so that every limb is below 2^32.
+  void normalize() noexcept {
+    std::uint64_t carry = 0;
+    for (int i = 0; i < limbs; ++i) {
+      const std::uint64_t v = limb_[i] + carry;
+      limb_[i] = v & 0xffffffffu;
+      carry = v >> 32;
+    }
+    pending_ = 0;
+  }
+
+  std::array<std::uint64_t, limbs> limb_{};
+  std::uint64_t nans_ = 0, infs_ = 0;
+  std::uint32_t pending_ = 0;
+};
+
+}  // namespace distopt::detail

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// Runs one optimizer configuration for some steps on d ranks (threads) or on one rank,
+// with the rank-0 trick of DESIGN.md: rank 0 gets the global gradient, the other ranks
+// zeros, reduced with a sum, so the reduction is exact and any difference from the
+// single-rank run is the library's. Collects the full params, master weights and states.
+#pragma once
+
+#include <distopt/distopt.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace harness {
+
+using namespace distopt;
+
+/// Awkward layouts: tensors smaller than a block, tensors straddling shard cuts, totals
+/// not divisible by d, a single tensor; `bucket` elements per bucket (small: several buckets).
+struct layout_case {
+  std::string name;
+  std::vector<std::vector<std::int64_t>> shapes;
+  std::size_t bucket;
+};
+
+inline std::vector<layout_case> awkward_layouts() {
+  return {
+      {"mixed", {{1}, {3}, {257}, {17, 33}, {3, 4, 5}, {700}}, std::size_t{1} << 22},
+      {"single", {{1000}}, std::size_t{1} << 22},
+      {"tiny", {{1}, {2}, {5}}, std::size_t{1} << 22},
+      {"buckets", {{300}, {40, 30}, {2}, {513}, {1024}, {7, 7}}, 512},
+  };
+}
+
+inline layout make_layout(const layout_case& c, dtype t, int groups = 1) {
+  layout l;
+  for (std::size_t i = 0; i < c.shapes.size(); ++i)
+    l.add(std::string("t").append(std::to_string(i)), c.shapes[i], t, static_cast<int>(i) % groups);
+  return l;
+}
+
+/// A gradient value that depends only on (step, tensor, element): the same on any d.
+inline float grad_value(int step, std::size_t tensor, std::size_t i) {
+  std::uint64_t z = (static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(tensor) << 32) ^ i;
+  z = distopt::detail::splitmix64_finalise(z + 0x9e3779b97f4a7c15ull);
+  const float u = static_cast<float>(z >> 40) / static_cast<float>(1u << 24) * 2.0f - 1.0f;  // [-1, 1)
+  return u * (0.5f + static_cast<float>(tensor % 3));
+}
+inline float init_value(std::size_t tensor, std::size_t i) { return 0.5f * grad_value(-1, tensor, i); }
+
+/// Everything a run leaves behind, as raw bytes per tensor, in layout order.
+struct outcome {
+  std::vector<std::vector<unsigned char>> params, master;
+  std::vector<std::vector<std::vector<unsigned char>>> states;  // [slot][tensor]
+  std::vector<double> norms;
+  std::vector<char> skipped;
+  bool operator==(const outcome&) const = default;
+};
+
+template <class T>
+void put(std::vector<unsigned char>& dst, std::size_t first, std::span<const T> src) {
+  if (!src.empty()) std::memcpy(dst.data() + first * sizeof(T), src.data(), src.size_bytes());
+}
+
+struct run_options {
+  int steps = 20;
+  int threads = 1;           // per rank
+  double clip = 0.0;         // clip_grad_norm(clip) before each step when > 0
+  int nan_step = -1;         // at this step a NaN appears in the grad of rank `nan_rank`
+  int nan_rank = 0;
+  float rank0_factor = 1.0f;  // rank 0's grad is this times the global grad (avg: d)
+  distopt::optimizer_options options{};
+};
+
+/// Sets the initial params, then for each step writes the grads, clips, steps and zeroes.
+template <class Opt>
+void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
+  using P = typename Opt::param_type;
+  using G = typename Opt::grad_type;
+  const auto tensors = opt.tensors().tensors();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    auto p = opt.param(tensors[t].name);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = from_float<P>(init_value(t, i));
+  }
+  for (int s = 0; s < ro.steps; ++s) {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      auto g = opt.grad(tensors[t].name);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = from_float<G>(rank == 0 ? grad_value(s, t, i) * ro.rank0_factor * static_cast<float>(opt.loss_scale())
+                                       : 0.0f);
+      if (s == ro.nan_step && rank == ro.nan_rank) g[g.size() / 2] = from_float<G>(std::nanf(""));
+    }
+    if (ro.clip > 0) opt.clip_grad_norm(ro.clip);
+    const step_result r = opt.step();
+    if (out) {
+      out->norms.push_back(r.grad_norm);
+      out->skipped.push_back(r.skipped);
+    }
+    opt.zero_grad();
+  }
+}
+
+/// Copies this rank's params (rank 0 only: they are all-gathered), master and states into `out`.
+template <class Opt>
+void collect(Opt& opt, int rank, outcome& out) {
+  const auto tensors = opt.tensors().tensors();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const auto& ts = tensors[t];
+    if (rank == 0) {
+      auto p = opt.param(ts.name);
+      put(out.params[t], 0, std::span<const typename Opt::param_type>(p));
+    }
+    try {
+      auto m = opt.local_master(ts.name);
+      put(out.master[t], m.first, m.values);
+    } catch (const std::logic_error&) {
+    }
+    for (std::size_t k = 0; k < out.states.size(); ++k) {
+      auto st = opt.local_state(ts.name, static_cast<int>(k));
+      put(out.states[k][t], st.first, st.values);
+    }
+  }
+}
+
+template <class Opt>
+outcome blank(const layout& l, int slots) {
+  outcome o;
+  for (const auto& t : l.tensors()) {
+    o.params.emplace_back(t.numel * sizeof(typename Opt::param_type));
+    o.master.emplace_back(t.numel * sizeof(float));
+  }
+  o.states.resize(static_cast<std::size_t>(slots));
+  for (auto& s : o.states)
+    for (const auto& t : l.tensors()) s.emplace_back(t.numel * sizeof(typename Opt::state_type));
+  return o;
+}
+
+/// The single-rank reference: replicated storage, `single` communicator.
+template <class Policy, class Enc, class Prec>
+outcome run_single(const layout& l, const std::vector<typename Policy::hyper_params>& h, run_options ro) {
+  using opt_t = optimizer<Policy, replicated<Enc>, single, cpu, Prec>;
+  opt_t opt(l, h, ro.options, cpu(ro.threads));
+  outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
+  drive(opt, 0, ro, &out);
+  collect(opt, 0, out);
+  return out;
+}
+
+/// d ranks as threads, with `Storage` (sharded or replicated) and a sum reduction
+/// (unless `keep_reduce`).
+template <class Policy, class Storage, class Prec>
+outcome run_threads(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, run_options ro,
+                    bool keep_reduce = false) {
+  using opt_t = optimizer<Policy, Storage, threads, cpu, Prec>;
+  if (!keep_reduce) ro.options.grad_reduce = reduce_op::sum;
+  outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    opt_t opt(l, h, ro.options, cpu(ro.threads), std::move(comm));
+    drive(opt, rank, ro, rank == 0 ? &out : nullptr);
+    collect(opt, rank, out);  // ranks write disjoint elements
+  });
+  return out;
+}
+
+}  // namespace harness
