@@ -5,6 +5,11 @@
 // grid, the byte model, and the failure paths (a rank throws, mismatched calls, a rank
 // that never arrives), each of which must end quickly rather than hang.
 //
+// The asynchronous forms: the same bits as the blocking ones, several requests in flight,
+// async and blocking calls mixed, real overlap (the collective completes while the rank
+// computes, shown by handshakes rather than sleeps), failures and timeouts surfacing from
+// wait(), and requests left unwaited when a rank function returns.
+//
 // Boost.Test assertions are not thread-safe, so rank functions only record what they see
 // (each rank in its own slot); the checks run on the main thread after run_ranks joins.
 
@@ -16,9 +21,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -30,6 +37,7 @@
 namespace {
 
 using distopt::bf16;
+using distopt::comm_request;
 using distopt::fp16;
 using distopt::rank_failure;
 using distopt::reduce_op;
@@ -38,6 +46,7 @@ using distopt::threads;
 using clock_type = std::chrono::steady_clock;
 
 static_assert(distopt::communicator<threads>, "distopt::threads must model distopt::communicator");
+static_assert(distopt::async_communicator<threads>, "distopt::threads must model distopt::async_communicator");
 static_assert(!std::is_copy_constructible_v<threads>);
 
 constexpr int max_ranks = 8;
@@ -119,6 +128,39 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// A one-shot signal between rank functions, so that tests order ranks by handshakes
+// rather than sleeps. wait() gives up after `limit` and says so: a hang becomes a failed check.
+class gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, limit, [this] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Polls `done` (never blocking on the collective) until it holds or `limit` passes.
+template <class P>
+bool poll_until(P done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto t0 = clock_type::now();
+  while (!done()) {
+    if (clock_type::now() - t0 > limit) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 using all_types = std::tuple<float, bf16, fp16, double>;
@@ -565,6 +607,576 @@ BOOST_AUTO_TEST_CASE(run_ranks_checks_its_arguments) {
   });
   BOOST_TEST(ranks == (std::vector<int>{0, 1, 2, 3, 4}), boost::test_tools::per_element());
   BOOST_TEST(sizes_seen == std::vector<int>(5, 5), boost::test_tools::per_element());
+}
+
+// ---------------------------------------------------------------------------------------
+// Asynchronous forms
+// ---------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(async_forms_give_the_blocking_bits, T, all_types) {
+  for (int d = 1; d <= max_ranks; ++d) {
+    const auto ud = static_cast<std::size_t>(d);
+    struct seen {
+      std::vector<std::vector<T>> blocking, async;
+      std::size_t blocking_bytes = 0, async_bytes = 0;
+    };
+    std::vector<seen> got(ud);
+    run_ranks(d, [&](threads& c) {
+      const int r = c.rank();
+      seen& g = got[static_cast<std::size_t>(r)];
+      std::vector<std::vector<T>> fulls, pieces;  // read-only inputs, alive until every request is waited
+      for (std::size_t s = 0; s < std::size(sizes); ++s) {
+        fulls.push_back(make_input<T>(r, ud * sizes[s], 200 + s));
+        pieces.push_back(make_input<T>(r, sizes[s], 300 + s));
+      }
+      // Every collective, op, size and root: blocking, or as i-forms all in flight at once.
+      const auto issue = [&](std::vector<std::vector<T>>& outs, std::vector<comm_request>* requests) {
+        outs.reserve(std::size(sizes) * (2 * std::size(ops) + 1 + ud));  // no reallocation in flight
+        for (std::size_t s = 0; s < std::size(sizes); ++s) {
+          const std::size_t m = sizes[s];
+          for (reduce_op op : ops) {
+            const std::span<T> data(outs.emplace_back(make_input<T>(r, m, 100 + s)));
+            if (requests) requests->push_back(c.iall_reduce(data, op));
+            else c.all_reduce(data, op);
+          }
+          for (reduce_op op : ops) {
+            const std::span<T> out(outs.emplace_back(m));
+            const std::span<const T> in(fulls[s]);
+            if (requests) requests->push_back(c.ireduce_scatter(in, out, op));
+            else c.reduce_scatter(in, out, op);
+          }
+          const std::span<T> gathered(outs.emplace_back(ud * m));
+          if (requests) requests->push_back(c.iall_gather(std::span<const T>(pieces[s]), gathered));
+          else c.all_gather(std::span<const T>(pieces[s]), gathered);
+          for (int root = 0; root < d; ++root) {
+            const std::span<T> data(outs.emplace_back(make_input<T>(r, m, 400 + 16 * s + static_cast<std::size_t>(root))));
+            if (requests) requests->push_back(c.ibroadcast(data, root));
+            else c.broadcast(data, root);
+          }
+        }
+      };
+      issue(g.blocking, nullptr);
+      g.blocking_bytes = c.bytes_sent();
+      std::vector<comm_request> requests;
+      issue(g.async, &requests);
+      for (comm_request& q : requests) q.wait();
+      g.async_bytes = c.bytes_sent() - g.blocking_bytes;
+    });
+    for (std::size_t r = 0; r < ud; ++r) {
+      const seen& g = got[r];
+      BOOST_TEST_REQUIRE(g.async.size() == g.blocking.size());
+      for (std::size_t k = 0; k < g.async.size(); ++k)
+        BOOST_CHECK_MESSAGE(same_bits(g.async[k], g.blocking[k]),
+                            "call " << k << ", d=" << d << ", rank " << r << ": the i-form differs from the blocking form");
+      BOOST_TEST(g.async_bytes == g.blocking_bytes, "bytes_sent, d=" << d << ", rank " << r);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(outstanding_requests_waited_in_reverse_order) {
+  constexpr std::size_t n = 1000, m = 37;
+  for (int d : {2, 3, 5, 8}) {
+    const auto ud = static_cast<std::size_t>(d);
+    std::vector<std::vector<float>> sums_in, fulls, pieces, bcast;
+    std::vector<std::vector<double>> avgs_in;
+    for (int r = 0; r < d; ++r) {
+      sums_in.push_back(make_input<float>(r, n, 1));
+      fulls.push_back(make_input<float>(r, ud * m, 2));
+      pieces.push_back(make_input<float>(r, m, 3));
+      bcast.push_back(make_input<float>(r, n, 4));
+      avgs_in.push_back(make_input<double>(r, n, 5));
+    }
+    struct seen {
+      std::vector<float> sum, scattered, gathered, broadcast;
+      std::vector<double> avg;
+      bool earlier_done = false;
+    };
+    std::vector<seen> got(ud);
+    run_ranks(d, [&](threads& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      seen& g = got[r];
+      g.sum = sums_in[r];
+      g.scattered.resize(m);
+      g.gathered.resize(ud * m);
+      g.broadcast = bcast[r];
+      g.avg = avgs_in[r];
+      comm_request q[] = {
+          c.iall_reduce(std::span<float>(g.sum), reduce_op::sum),
+          c.ireduce_scatter(std::span<const float>(fulls[r]), std::span<float>(g.scattered), reduce_op::max),
+          c.iall_gather(std::span<const float>(pieces[r]), std::span<float>(g.gathered)),
+          c.ibroadcast(std::span<float>(g.broadcast), d - 1),
+          c.iall_reduce(std::span<double>(g.avg), reduce_op::avg)};
+      q[4].wait();
+      // One queue per handle, run in call order: once the last is complete, all are.
+      g.earlier_done = q[0].test() && q[1].test() && q[2].test() && q[3].test();
+      for (int k = 3; k >= 0; --k) q[k].wait();
+    });
+    std::vector<float> sum(n), gathered;
+    std::vector<double> avg(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      sum[i] = reduce_reference(sums_in, 0, i, reduce_op::sum);
+      avg[i] = reduce_reference(avgs_in, 0, i, reduce_op::avg);
+    }
+    for (const auto& p : pieces) gathered.insert(gathered.end(), p.begin(), p.end());
+    for (std::size_t r = 0; r < ud; ++r) {
+      const seen& g = got[r];
+      std::vector<float> scattered(m);
+      for (std::size_t i = 0; i < m; ++i) scattered[i] = reduce_reference(fulls, r * m, i, reduce_op::max);
+      BOOST_TEST_CONTEXT("d=" << d << ", rank " << r) {
+        BOOST_TEST(g.earlier_done);
+        BOOST_TEST(same_bits(g.sum, sum));
+        BOOST_TEST(same_bits(g.scattered, scattered));
+        BOOST_TEST(same_bits(g.gathered, gathered));
+        BOOST_TEST(same_bits(g.broadcast, bcast[ud - 1]));
+        BOOST_TEST(same_bits(g.avg, avg));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(blocking_and_async_calls_mix) {
+  // Step k is an all_reduce, reduce_scatter, all_gather or broadcast (k % 4). Rank r makes
+  // it an i-form unless (r + k) % 3 == 0, so at most steps some ranks block while others
+  // do not, and a blocking call follows requests still in flight on the same handle.
+  constexpr int steps = 12;
+  constexpr std::size_t n = 33, m = 5;
+  const auto input = [](int r, int k, std::size_t len) {
+    return make_input<float>(r, len, 1000 + static_cast<std::uint64_t>(k));
+  };
+  for (int d : {2, 3, 4, 7}) {
+    const auto ud = static_cast<std::size_t>(d);
+    struct seen {
+      std::vector<std::vector<float>> out;
+      bool drained = true;  // every earlier request was complete when a blocking call returned
+      int blocking_calls = 0;
+    };
+    std::vector<seen> got(ud);
+    run_ranks(d, [&](threads& c) {
+      const int r = c.rank();
+      seen& g = got[static_cast<std::size_t>(r)];
+      g.out.resize(steps);
+      std::vector<std::vector<float>> ins(steps);
+      std::vector<comm_request> in_flight;
+      for (int k = 0; k < steps; ++k) {
+        const bool async = (r + k) % 3 != 0;
+        std::vector<float>& out = g.out[static_cast<std::size_t>(k)];
+        std::vector<float>& in = ins[static_cast<std::size_t>(k)];
+        comm_request q;
+        switch (k % 4) {
+        case 0:
+          out = input(r, k, n);
+          if (async) q = c.iall_reduce(std::span<float>(out), reduce_op::sum);
+          else c.all_reduce(std::span<float>(out), reduce_op::sum);
+          break;
+        case 1:
+          in = input(r, k, ud * m);
+          out.resize(m);
+          if (async) q = c.ireduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::avg);
+          else c.reduce_scatter(std::span<const float>(in), std::span<float>(out), reduce_op::avg);
+          break;
+        case 2:
+          in = input(r, k, m);
+          out.resize(ud * m);
+          if (async) q = c.iall_gather(std::span<const float>(in), std::span<float>(out));
+          else c.all_gather(std::span<const float>(in), std::span<float>(out));
+          break;
+        default:
+          out = input(r, k, n);
+          if (async) q = c.ibroadcast(std::span<float>(out), k % d);
+          else c.broadcast(std::span<float>(out), k % d);
+          break;
+        }
+        if (async) {
+          in_flight.push_back(std::move(q));
+        } else {
+          ++g.blocking_calls;
+          for (comm_request& p : in_flight) g.drained = g.drained && p.test();
+        }
+      }
+      for (comm_request& p : in_flight) p.wait();
+    });
+    for (std::size_t r = 0; r < ud; ++r) {
+      const seen& g = got[r];
+      BOOST_TEST_CONTEXT("d=" << d << ", rank " << r) {
+        BOOST_TEST(g.drained);
+        BOOST_TEST(g.blocking_calls == 4);
+        for (int k = 0; k < steps; ++k) {
+          std::vector<std::vector<float>> all;
+          std::vector<float> expected;
+          switch (k % 4) {
+          case 0:
+            for (int q = 0; q < d; ++q) all.push_back(input(q, k, n));
+            for (std::size_t i = 0; i < n; ++i) expected.push_back(reduce_reference(all, 0, i, reduce_op::sum));
+            break;
+          case 1:
+            for (int q = 0; q < d; ++q) all.push_back(input(q, k, ud * m));
+            for (std::size_t i = 0; i < m; ++i) expected.push_back(reduce_reference(all, r * m, i, reduce_op::avg));
+            break;
+          case 2:
+            for (int q = 0; q < d; ++q) {
+              const std::vector<float> p = input(q, k, m);
+              expected.insert(expected.end(), p.begin(), p.end());
+            }
+            break;
+          default: expected = input(k % d, k, n); break;
+          }
+          BOOST_TEST(same_bits(g.out[static_cast<std::size_t>(k)], expected), "step " << k);
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(async_collectives_overlap_with_the_callers_work) {
+  // Rank 1 enters each collective only after rank 0 has started its i-form and seen it
+  // incomplete. Rank 0 then computes, polling test() but never calling wait(), until the
+  // collective completes on its own. An i-form that blocked would never reach the
+  // handshake, and one whose work ran inside wait() would never test complete.
+  constexpr std::size_t n = 4097;
+  constexpr int kinds = 4;  // all_reduce, reduce_scatter, all_gather, broadcast from rank 1
+  struct seen {
+    bool let_in[kinds] = {}, incomplete_before[kinds] = {}, completed_unwaited[kinds] = {};
+    std::uint64_t polls = 0, work = 0;
+    std::vector<float> out[kinds];
+  };
+  std::vector<seen> got(2);
+  gate go[kinds];
+  const std::vector<std::vector<float>> fulls = {make_input<float>(0, 2 * n, 7), make_input<float>(1, 2 * n, 7)};
+  run_ranks(
+      2,
+      [&](threads& c) {
+        const int r = c.rank();
+        seen& g = got[static_cast<std::size_t>(r)];
+        const std::span<const float> full(fulls[static_cast<std::size_t>(r)]);
+        const std::span<const float> piece = full.first(n);
+        for (int k = 0; k < kinds; ++k) {
+          std::vector<float>& out = g.out[k];
+          if (k == 0 || k == 3) out = make_input<float>(r, n, 10 + static_cast<std::uint64_t>(k));
+          else out.resize(k == 1 ? n : 2 * n);
+          const std::span<float> o(out);
+          if (r == 1) {
+            g.let_in[k] = go[k].wait();
+            if (k == 0) c.all_reduce(o, reduce_op::sum);
+            else if (k == 1) c.reduce_scatter(full, o, reduce_op::sum);
+            else if (k == 2) c.all_gather(piece, o);
+            else c.broadcast(o, 1);
+            continue;
+          }
+          comm_request q = k == 0   ? c.iall_reduce(o, reduce_op::sum)
+                           : k == 1 ? c.ireduce_scatter(full, o, reduce_op::sum)
+                           : k == 2 ? c.iall_gather(piece, o)
+                                    : c.ibroadcast(o, 1);
+          g.incomplete_before[k] = !q.test();  // rank 1 has not entered yet
+          go[k].open();
+          std::uint64_t h = g.work;
+          g.completed_unwaited[k] = poll_until([&] {
+            for (int i = 0; i < 256; ++i) h = splitmix(h);  // the work that overlaps
+            ++g.polls;
+            (void)c.bytes_sent();  // safe to read while a collective is in flight
+            return q.test();
+          });
+          g.work = h;
+          q.wait();
+        }
+      },
+      std::chrono::seconds(20));
+  for (int k = 0; k < kinds; ++k) {
+    BOOST_TEST_CONTEXT("collective " << k) {
+      BOOST_TEST(got[1].let_in[k]);
+      BOOST_TEST(got[0].incomplete_before[k]);
+      BOOST_TEST(got[0].completed_unwaited[k]);
+    }
+  }
+  BOOST_TEST_MESSAGE("rank 0 polled " << got[0].polls << " times while its collectives ran");
+  std::vector<std::vector<float>> ar = {make_input<float>(0, n, 10), make_input<float>(1, n, 10)};
+  for (std::size_t r = 0; r < 2; ++r) {
+    std::vector<float> sum(n), scattered(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      sum[i] = reduce_reference(ar, 0, i, reduce_op::sum);
+      scattered[i] = reduce_reference(fulls, r * n, i, reduce_op::sum);
+    }
+    std::vector<float> gathered(fulls[0].begin(), fulls[0].begin() + n);
+    gathered.insert(gathered.end(), fulls[1].begin(), fulls[1].begin() + n);
+    BOOST_TEST_CONTEXT("rank " << r) {
+      BOOST_TEST(same_bits(got[r].out[0], sum));
+      BOOST_TEST(same_bits(got[r].out[1], scattered));
+      BOOST_TEST(same_bits(got[r].out[2], gathered));
+      BOOST_TEST(same_bits(got[r].out[3], make_input<float>(1, n, 13)));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_failing_rank_makes_wait_throw) {
+  for (int how : {0, 1}) {  // rank 2, once rank 0's iall_reduce is in flight: 0 throws, 1 returns
+    constexpr int d = 4;
+    gate started;
+    std::string waited_what, what;
+    int waited_rank = -1, named = -1;
+    bool started_in_time = false;
+    const auto t0 = clock_type::now();
+    try {
+      run_ranks(d, [&](threads& c) {
+        float x = 1;
+        if (c.rank() == 2) {
+          started_in_time = started.wait();
+          if (how == 0) throw std::runtime_error("boom");
+          return;
+        }
+        if (c.rank() != 0) {
+          c.all_reduce(std::span<float>(&x, 1), reduce_op::sum);
+          return;
+        }
+        comm_request q = c.iall_reduce(std::span<float>(&x, 1), reduce_op::sum);
+        started.open();
+        try {
+          q.wait();
+        } catch (const rank_failure& e) {
+          waited_what = e.what();
+          waited_rank = e.rank();
+          throw;
+        }
+      });
+    } catch (const rank_failure& e) {
+      what = e.what();
+      named = e.rank();
+    }
+    BOOST_TEST_CONTEXT((how == 0 ? "rank 2 throws" : "rank 2 returns")) {
+      BOOST_TEST_MESSAGE(waited_what);
+      BOOST_TEST(started_in_time);
+      BOOST_TEST(seconds_since(t0) < 2.0);
+      BOOST_TEST(contains(waited_what, "all_reduce"));
+      if (how == 0) {
+        BOOST_TEST(waited_rank == 2);
+        BOOST_TEST(contains(waited_what, "rank 2 failed: boom"));
+        BOOST_TEST(what == "rank 2 failed: boom");
+        BOOST_TEST(named == 2);
+      } else {
+        BOOST_TEST(contains(waited_what, "rank 2 returned without calling it"));
+        BOOST_TEST(contains(what, "rank 2 returned without calling it"));
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(an_async_collective_times_out) {
+  // Rank 1 enters only after rank 0's wait() has given up, far beyond the 100 ms timeout.
+  gate waited;
+  std::string waited_what, late_what, what;
+  const auto t0 = clock_type::now();
+  try {
+    run_ranks(
+        2,
+        [&](threads& c) {
+          float x = 1;
+          if (c.rank() == 1) {
+            waited.wait();
+            try {
+              c.all_reduce(std::span<float>(&x, 1), reduce_op::sum);
+            } catch (const rank_failure& e) {
+              late_what = e.what();
+              throw;
+            }
+            return;
+          }
+          comm_request q = c.iall_reduce(std::span<float>(&x, 1), reduce_op::sum);
+          try {
+            q.wait();
+          } catch (const rank_failure& e) {
+            waited_what = e.what();
+            waited.open();
+            throw;
+          }
+          waited.open();
+        },
+        std::chrono::milliseconds(100));
+  } catch (const rank_failure& e) {
+    what = e.what();
+  }
+  BOOST_TEST_MESSAGE(waited_what);
+  BOOST_TEST(contains(waited_what, "threads communicator: all_reduce on rank 0 timed out after 100 ms waiting for rank(s) 1"));
+  BOOST_TEST(contains(late_what, "aborted because rank 0 failed"));
+  BOOST_TEST(contains(what, "timed out after 100 ms"));
+  BOOST_TEST(seconds_since(t0) < 2.0);
+}
+
+BOOST_AUTO_TEST_CASE(async_mismatches_throw_from_wait_on_every_rank) {
+  constexpr int d = 4;
+  std::vector<std::vector<std::string>> messages(d);
+  std::vector<float> after(d);
+  run_ranks(d, [&](threads& c) {
+    auto& mine = messages[static_cast<std::size_t>(c.rank())];
+    const auto attempt = [&](auto&& call) {
+      try {
+        call();
+        mine.push_back("");
+      } catch (const std::invalid_argument& e) {
+        mine.push_back(e.what());
+      }
+    };
+    // Every rank's all_gather output is one element short.
+    std::vector<float> in(3), out(3 * d - 1);
+    attempt([&] { c.iall_gather(std::span<const float>(in), std::span<float>(out)).wait(); });
+    // Rank 3 passes 5 elements, the others 4; ranks 0 and 1 use the i-form, 2 and 3 block.
+    std::vector<float> v(c.rank() == 3 ? 5 : 4, 1.0f);
+    attempt([&] {
+      if (c.rank() < 2) c.iall_reduce(std::span<float>(v), reduce_op::sum).wait();
+      else c.all_reduce(std::span<float>(v), reduce_op::sum);
+    });
+    // A root that does not exist.
+    std::vector<double> w(2);
+    attempt([&] { c.ibroadcast(std::span<double>(w), d).wait(); });
+    // The group still works after all of that.
+    float x = static_cast<float>(c.rank());
+    comm_request q = c.iall_reduce(std::span<float>(&x, 1), reduce_op::sum);
+    q.wait();
+    after[static_cast<std::size_t>(c.rank())] = x;
+  });
+  const std::vector<std::string>& m = messages[0];
+  BOOST_TEST_REQUIRE(m.size() == 3u);
+  for (int r = 1; r < d; ++r)
+    BOOST_TEST(messages[static_cast<std::size_t>(r)] == m, boost::test_tools::per_element());
+  BOOST_TEST(contains(m[0], "out has 11 elements but size() * in = 4 * 3 = 12"));
+  BOOST_TEST(contains(m[1], "rank 0: all_reduce<float>(4, sum)"));
+  BOOST_TEST(contains(m[1], "rank 3: all_reduce<float>(5, sum)"));
+  BOOST_TEST(contains(m[2], "root 4 does not exist"));
+  for (float v : after) BOOST_TEST(v == 6.0f);
+}
+
+BOOST_AUTO_TEST_CASE(requests_left_unwaited_when_a_rank_returns) {
+  // Rank 0 keeps a series of requests outside its function and returns at once; the
+  // others enter only after that. Its queued collectives still act for it, so nobody may
+  // take rank 0 for gone (a rank that reaches collective k + 1 before rank 0's worker does
+  // would otherwise fail with "rank 0 returned without calling it"), and run_ranks
+  // returns with all of them complete.
+  constexpr int d = 3, calls = 16;
+  constexpr std::size_t n = 100;
+  const auto op = [](int k) { return ops[static_cast<std::size_t>(k) % std::size(ops)]; };
+  std::vector<std::vector<std::vector<float>>> in(calls), data(calls, std::vector<std::vector<float>>(d));
+  for (int k = 0; k < calls; ++k)
+    for (int r = 0; r < d; ++r) in[static_cast<std::size_t>(k)].push_back(make_input<float>(r, n, 50 + static_cast<std::uint64_t>(k)));
+  std::vector<comm_request> kept;
+  gate returned;
+  std::vector<char> returned_in_time(d, 0);
+  std::string failure;
+  try {
+    run_ranks(d, [&](threads& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      for (int k = 0; k < calls; ++k) data[static_cast<std::size_t>(k)][r] = in[static_cast<std::size_t>(k)][r];
+      if (r == 0) {
+        for (int k = 0; k < calls; ++k)
+          kept.push_back(c.iall_reduce(std::span<float>(data[static_cast<std::size_t>(k)][0]), op(k)));
+        returned.open();
+        return;
+      }
+      returned_in_time[r] = returned.wait();
+      // Not needed for correctness: gives rank 0's function time to be well gone.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (int k = 0; k < calls; ++k) c.all_reduce(std::span<float>(data[static_cast<std::size_t>(k)][r]), op(k));
+    });
+  } catch (const rank_failure& e) {
+    failure = e.what();
+  }
+  BOOST_TEST(failure.empty(), failure);
+  BOOST_TEST(returned_in_time[1]);
+  BOOST_TEST(returned_in_time[2]);
+  BOOST_TEST_REQUIRE(kept.size() == static_cast<std::size_t>(calls));
+  for (int k = calls - 1; k >= 0; --k) {
+    comm_request& q = kept[static_cast<std::size_t>(k)];
+    BOOST_TEST(q.test(), "request " << k << " still pending after run_ranks");
+    try {
+      q.wait();
+    } catch (const std::exception& e) {
+      BOOST_TEST(false, "request " << k << ": " << e.what());
+    }
+  }
+  for (int k = 0; k < calls; ++k) {
+    std::vector<float> expected(n);
+    for (std::size_t i = 0; i < n; ++i) expected[i] = reduce_reference(in[static_cast<std::size_t>(k)], 0, i, op(k));
+    for (std::size_t r = 0; r < d; ++r)
+      BOOST_TEST(same_bits(data[static_cast<std::size_t>(k)][r], expected), "call " << k << ", rank " << r);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(requests_left_unwaited_when_a_peer_never_comes) {
+  for (int how : {0, 1}) {  // rank 0 keeps a request and then 0 returns, 1 throws; rank 1 never calls
+    comm_request kept;
+    std::vector<float> data(10, 1.0f);
+    std::string what;
+    const auto t0 = clock_type::now();
+    try {
+      run_ranks(2, [&](threads& c) {
+        if (c.rank() == 1) return;
+        kept = c.iall_reduce(std::span<float>(data), reduce_op::sum);
+        if (how == 1) throw std::runtime_error("boom");
+      });
+    } catch (const rank_failure& e) {
+      what = e.what();
+    }
+    BOOST_TEST_CONTEXT((how == 0 ? "rank 0 returns" : "rank 0 throws")) {
+      BOOST_TEST_MESSAGE(what);
+      BOOST_TEST(!what.empty());
+      BOOST_TEST(kept.test());
+      bool threw = false;
+      try {
+        kept.wait();
+      } catch (const rank_failure&) {
+        threw = true;
+      }
+      BOOST_TEST(threw);
+      BOOST_TEST(seconds_since(t0) < 2.0);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(handles_go_or_move_with_collectives_in_flight) {
+  constexpr int d = 4;
+  struct seen {
+    float dropped = 0, after_handle = 0, after_assign = 0, after_move = 0, moved = 0;
+    bool done_when_handle_gone = false, done_before_blocking_returned = false;
+  };
+  std::vector<seen> got(d);
+  run_ranks(d, [&](threads& c) {
+    seen& g = got[static_cast<std::size_t>(c.rank())];
+    // A request never waited: its destructor waits.
+    float x = 1;
+    { comm_request q = c.iall_reduce(std::span<float>(&x, 1), reduce_op::sum); }
+    g.dropped = x;
+    // A handle destroyed with its collective in flight waits for it; the request outlives it.
+    float y = 1;
+    comm_request q1;
+    {
+      threads sub = c.split(0, c.rank());
+      q1 = sub.iall_reduce(std::span<float>(&y, 1), reduce_op::sum);
+    }
+    g.done_when_handle_gone = q1.test();
+    q1.wait();
+    g.after_handle = y;
+    // Move-assigning over a handle with work in flight: the old rank state finishes first.
+    float z = 1;
+    threads sub = c.split(0, c.rank());
+    comm_request q2 = sub.iall_reduce(std::span<float>(&z, 1), reduce_op::sum);
+    sub = c.split(c.rank() % 2, c.rank());
+    q2.wait();
+    g.after_assign = z;
+    // A moved handle keeps its queue: the blocking call runs after the queued one.
+    float w = 1, v = 1;
+    comm_request q3 = sub.iall_reduce(std::span<float>(&w, 1), reduce_op::sum);
+    threads moved = std::move(sub);
+    moved.all_reduce(std::span<float>(&v, 1), reduce_op::sum);
+    g.done_before_blocking_returned = q3.test();
+    q3.wait();
+    g.after_move = w;
+    g.moved = v;
+  });
+  for (const seen& g : got) {
+    BOOST_TEST(g.dropped == 4.0f);
+    BOOST_TEST(g.done_when_handle_gone);
+    BOOST_TEST(g.after_handle == 4.0f);
+    BOOST_TEST(g.after_assign == 4.0f);
+    BOOST_TEST(g.done_before_blocking_returned);
+    BOOST_TEST(g.after_move == 2.0f);
+    BOOST_TEST(g.moved == 2.0f);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -24,14 +24,26 @@
 /// and the timeout act on phase A only, the wait for every rank to enter: once all have
 /// entered, the collective completes (the later phases only copy and add), because a rank
 /// that left early could free a buffer another rank is still reading.
+///
+/// Asynchronous forms. A handle's rank state (`detail::thread_rank`, on the heap so that
+/// the handle can move) starts, on the first i-form, one worker thread with a FIFO queue. An i-form queues the blocking collective and returns a
+/// `comm_request`; the worker runs the queue in order, acting as the rank in the phases
+/// above, while the rank's own thread computes. A blocking call (and split) first waits
+/// for the handle's queue to empty, so a handle's collectives run in the order they were
+/// called, async and blocking mixed, and the ranks meet in the same order. A rank has
+/// "returned" (for the failure rules) only once its function has returned and every
+/// async collective it queued, on any of its handles, has ended: `thread_world::pending`
+/// counts those, and `run_ranks` waits for it to reach zero before marking the rank exited.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -49,6 +61,7 @@
 #include "../concepts.hpp"
 #include "../types/bf16.hpp"
 #include "../types/fp16.hpp"
+#include "request.hpp"
 
 namespace distopt {
 
@@ -137,13 +150,15 @@ struct collective_call {
 /// State shared by every group one `run_ranks` started: one lock and one condition
 /// variable for all of them, so a failure anywhere wakes every waiter.
 struct thread_world {
-  explicit thread_world(int d, std::chrono::milliseconds t) : exited(static_cast<std::size_t>(d), 0), timeout(t) {}
+  explicit thread_world(int d, std::chrono::milliseconds t)
+      : exited(static_cast<std::size_t>(d), 0), pending(static_cast<std::size_t>(d), 0), timeout(t) {}
 
   std::mutex mutex;
   std::condition_variable cv;
   int failed_rank = -1;         // world rank that failed first; -1 while healthy
   std::string failure;          // its message
-  std::vector<char> exited;     // per world rank: its function has returned or thrown
+  std::vector<char> exited;     // per world rank: its function and its async collectives have ended
+  std::vector<int> pending;     // per world rank: async collectives queued or running
   std::chrono::milliseconds timeout;
 
   /// Records the first failure and wakes everyone; later failures are consequences.
@@ -388,153 +403,238 @@ void copy_elements(T* dst, const T* src, std::size_t n) {
   if (n != 0 && dst != src) std::memmove(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
 }
 
-}  // namespace detail
 
-/// One rank's handle on a group of ranks that are threads of one process. Models
-/// `distopt::communicator`. Handles come from `run_ranks` and `split`; a handle belongs to
-/// its rank's thread (move-only, not to be shared between threads).
-///
-/// Every collective is blocking and collective: all ranks of the group call the same one
-/// with the same sizes, op and root, or every rank throws the same std::invalid_argument.
-/// Reductions run in rank order (rank 0 + rank 1 + ...), in float for float, bf16 and
-/// fp16 and in double for double, rounded once to T; the result is computed once per
-/// element and copied, so it is bit-identical on every rank and for every run. `avg` is
-/// that sum divided by size(). `max` propagates NaN.
-///
-/// Byte model of `bytes_sent()`: what a bandwidth-optimal (ring) implementation sends from
-/// this rank, for N = elements of the full buffer and s = sizeof(T):
-///   all_reduce      (N + (d-2) * c_r) * s, c_r = this rank's chunk of N (N/d rounded as
-///                   in chunk_begin). Equals 2 (d-1)/d N s whenever d divides N, and the
-///                   ranks' figures always add up to exactly 2 (d-1) N s.
-///   reduce_scatter  (d-1) * out.size() * s   ((d-1)/d of the full input)
-///   all_gather      (d-1) * in.size() * s    ((d-1)/d of the full output)
-///   broadcast       N * s on the root (it injects the data once), 0 on the others
-///   split           0 (metadata only)
-/// It is also exactly what this implementation reads from this rank's buffers on behalf of
-/// the others, except broadcast, where each of the d-1 others copies from the root.
-class threads {
+/// One asynchronous collective: what to run and how it ended. Shared by the queue that
+/// runs it and the request that waits for it, since either may outlive the other.
+struct thread_job {
+  std::function<void()> run;  // the blocking collective, bound to its rank and buffers
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  /// Runs the collective and publishes its end; a failure is kept for the request.
+  void execute() noexcept {
+    std::exception_ptr e;
+    try {
+      run();
+    } catch (...) {
+      e = std::current_exception();
+    }
+    run = nullptr;
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+/// What the comm_request of a `threads` i-form waits on.
+class thread_request final : public request_state {
  public:
-  using communicator_concept = communicator_tag;
+  explicit thread_request(std::shared_ptr<thread_job> job) noexcept : job_(std::move(job)) {}
 
-  threads(threads&&) noexcept = default;
-  threads& operator=(threads&&) noexcept = default;
-  // Two handles of one rank used from two threads would corrupt the rendezvous.
-  threads(const threads&) = delete;
-  threads& operator=(const threads&) = delete;
-  ~threads() = default;
+  void wait() override {
+    std::exception_ptr e;
+    {
+      std::unique_lock lock(job_->mutex);
+      job_->cv.wait(lock, [this] { return job_->done; });
+      // Taken out (comm_request waits once), so the exception dies on this thread.
+      e = std::move(job_->error);
+    }
+    if (e) std::rethrow_exception(std::move(e));
+  }
 
-  /// This rank's index in the group, 0 <= rank() < size().
+  bool test() override {
+    std::lock_guard lock(job_->mutex);
+    return job_->done;
+  }
+
+ private:
+  std::shared_ptr<thread_job> job_;
+};
+
+/// One rank's end of a group: its index, its all_reduce scratch, its byte count, the
+/// collectives, and the worker thread that runs its asynchronous ones. Owned through a
+/// pointer by the `threads` handle, so that the worker's `this` stays valid however the
+/// handle moves. One thread at a time acts for the rank: the worker while the queue holds
+/// work, otherwise the rank's own thread, which calls drain() before it acts.
+class thread_rank {
+ public:
+  thread_rank(std::shared_ptr<thread_group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+  thread_rank(const thread_rank&) = delete;
+  thread_rank& operator=(const thread_rank&) = delete;
+
+  /// Lets the worker run what is queued (each collective ends: it completes, fails or
+  /// times out), then joins it. The requests keep their results.
+  ~thread_rank() {
+    if (!worker_.joinable()) return;
+    {
+      std::lock_guard lock(queue_mutex_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    worker_.join();
+  }
+
   int rank() const noexcept { return rank_; }
-  /// The number of ranks in the group.
   int size() const noexcept { return group_->size(); }
-  /// Bytes this rank has sent since the handle was made, by the model in the class docs.
-  std::size_t bytes_sent() const noexcept { return bytes_sent_; }
+  std::size_t bytes_sent() const noexcept { return bytes_sent_.load(std::memory_order_relaxed); }
 
-  /// Reduces `data` over the ranks in place: every rank ends with the same result.
+  /// Waits until every queued asynchronous collective has ended, so that the caller may
+  /// act for the rank next, in call order.
+  void drain() {
+    if (!worker_.joinable()) return;  // only the rank's own thread starts the worker
+    std::unique_lock lock(queue_mutex_);
+    queue_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  }
+
+  /// Queues `run` (a collective on this rank) for the worker and returns its request.
+  comm_request post(std::function<void()> run) {
+    auto job = std::make_shared<thread_job>();
+    job->run = std::move(run);
+    auto request = std::make_unique<thread_request>(job);
+    if (size() == 1) {
+      // Nothing to overlap: every phase of a one-rank group passes at once.
+      job->execute();
+      return comm_request(std::move(request));
+    }
+    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    thread_world& w = *group_->world;
+    const auto me = static_cast<std::size_t>(group_->members[static_cast<std::size_t>(rank_)]);
+    {
+      std::lock_guard lock(w.mutex);
+      ++w.pending[me];
+    }
+    try {
+      std::lock_guard lock(queue_mutex_);
+      queue_.push_back(std::move(job));
+    } catch (...) {
+      std::lock_guard lock(w.mutex);
+      --w.pending[me];
+      w.cv.notify_all();
+      throw;
+    }
+    queue_cv_.notify_all();
+    return comm_request(std::move(request));
+  }
+
   template <comm_element T>
   void all_reduce(std::span<T> data, reduce_op op) {
     const std::size_t n = data.size(), d = static_cast<std::size_t>(size());
     const std::size_t r = static_cast<std::size_t>(rank_);
-    const std::size_t c0 = detail::chunk_begin(n, d, r), cn = detail::chunk_begin(n, d, r + 1) - c0;
+    const std::size_t c0 = chunk_begin(n, d, r), cn = chunk_begin(n, d, r + 1) - c0;
     T* scratch = scratch_for<T>(cn);
     std::vector<const T*> ins(d);
-    detail::collective_call call{detail::collective_kind::all_reduce, detail::comm_type_name<T>(), op,
-                                 data.data(), data.data(), scratch, n, n, 0, 0};
+    collective_call call{collective_kind::all_reduce, comm_type_name<T>(), op,
+                         data.data(), data.data(), scratch, n, n, 0, 0};
     std::unique_lock lock = enter(call);
     lock.unlock();
     // Between A and B: reduce my chunk of everyone's data into my scratch (the data
     // cannot be reduced in place: the others are still reading my other chunks).
-    peer_pointers(ins, [&](const detail::collective_call& c) { return static_cast<const T*>(c.in) + c0; });
-    detail::reduce_rank_order(scratch, ins.data(), d, cn, op);
+    peer_pointers(ins, [&](const collective_call& c) { return static_cast<const T*>(c.in) + c0; });
+    reduce_rank_order(scratch, ins.data(), d, cn, op);
     phase(lock);
     // Between B and C: collect every chunk from its owner's scratch.
     for (std::size_t q = 0; q < d; ++q) {
-      const std::size_t b = detail::chunk_begin(n, d, q), e = detail::chunk_begin(n, d, q + 1);
-      detail::copy_elements(data.data() + b, static_cast<const T*>(group_->calls[q].scratch), e - b);
+      const std::size_t b = chunk_begin(n, d, q), e = chunk_begin(n, d, q + 1);
+      copy_elements(data.data() + b, static_cast<const T*>(group_->calls[q].scratch), e - b);
     }
     phase(lock);
-    if (d > 1) bytes_sent_ += (n + (d - 2) * cn) * sizeof(T);
+    if (d > 1) bytes_sent_.fetch_add((n + (d - 2) * cn) * sizeof(T), std::memory_order_relaxed);
   }
 
-  /// Concatenates every rank's `in` into `out` in rank order; out.size() == size() * in.size().
-  /// `in` may be this rank's own slice of `out`; otherwise they must not overlap.
   template <comm_element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     const std::size_t d = static_cast<std::size_t>(size()), m = in.size();
-    detail::collective_call call{detail::collective_kind::all_gather, detail::comm_type_name<T>(), reduce_op::sum,
-                                 in.data(), out.data(), nullptr, in.size(), out.size(), 0, 0};
+    collective_call call{collective_kind::all_gather, comm_type_name<T>(), reduce_op::sum,
+                         in.data(), out.data(), nullptr, in.size(), out.size(), 0, 0};
     std::unique_lock lock = enter(call);
     lock.unlock();
     for (std::size_t q = 0; q < d; ++q)
-      detail::copy_elements(out.data() + q * m, static_cast<const T*>(group_->calls[q].in), m);
+      copy_elements(out.data() + q * m, static_cast<const T*>(group_->calls[q].in), m);
     phase(lock);
-    bytes_sent_ += (d - 1) * m * sizeof(T);
+    bytes_sent_.fetch_add((d - 1) * m * sizeof(T), std::memory_order_relaxed);
   }
 
-  /// Reduces `in` over the ranks and leaves slice rank() of the result in `out`;
-  /// in.size() == size() * out.size(). `out` may be this rank's own slice of `in`;
-  /// otherwise they must not overlap.
   template <comm_element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     const std::size_t d = static_cast<std::size_t>(size()), m = out.size();
     const std::size_t off = static_cast<std::size_t>(rank_) * m;
     std::vector<const T*> ins(d);
-    detail::collective_call call{detail::collective_kind::reduce_scatter, detail::comm_type_name<T>(), op,
-                                 in.data(), out.data(), nullptr, in.size(), out.size(), 0, 0};
+    collective_call call{collective_kind::reduce_scatter, comm_type_name<T>(), op,
+                         in.data(), out.data(), nullptr, in.size(), out.size(), 0, 0};
     std::unique_lock lock = enter(call);
     lock.unlock();
-    peer_pointers(ins, [&](const detail::collective_call& c) { return static_cast<const T*>(c.in) + off; });
-    detail::reduce_rank_order(out.data(), ins.data(), d, m, op);
+    peer_pointers(ins, [&](const collective_call& c) { return static_cast<const T*>(c.in) + off; });
+    reduce_rank_order(out.data(), ins.data(), d, m, op);
     phase(lock);
-    bytes_sent_ += (d - 1) * m * sizeof(T);
+    bytes_sent_.fetch_add((d - 1) * m * sizeof(T), std::memory_order_relaxed);
   }
 
-  /// Copies `root`'s `data` into every rank's `data`.
   template <comm_element T>
   void broadcast(std::span<T> data, int root) {
-    detail::collective_call call{detail::collective_kind::broadcast, detail::comm_type_name<T>(), reduce_op::sum,
-                                 data.data(), data.data(), nullptr, data.size(), data.size(), root, 0};
+    collective_call call{collective_kind::broadcast, comm_type_name<T>(), reduce_op::sum,
+                         data.data(), data.data(), nullptr, data.size(), data.size(), root, 0};
     std::unique_lock lock = enter(call);
     lock.unlock();
     if (root != rank_)
-      detail::copy_elements(data.data(), static_cast<const T*>(group_->calls[static_cast<std::size_t>(root)].in),
-                            data.size());
+      copy_elements(data.data(), static_cast<const T*>(group_->calls[static_cast<std::size_t>(root)].in),
+                    data.size());
     phase(lock);
-    if (root == rank_ && size() > 1) bytes_sent_ += data.size() * sizeof(T);
+    if (root == rank_ && size() > 1) bytes_sent_.fetch_add(data.size() * sizeof(T), std::memory_order_relaxed);
   }
 
-  /// Splits the group (collectively): ranks that pass the same `color` (>= 0) form a new
-  /// group, ordered by `key`, then by rank in this group. For a DP x TP grid, rank
-  /// r = dp * tp_size + tp: split(dp, tp) gives the TP group, split(tp, dp) the DP group.
-  threads split(int color, int key) {
-    detail::collective_call call{};
-    call.kind = detail::collective_kind::split;
+  split_result split(int color, int key) {
+    collective_call call{};
+    call.kind = collective_kind::split;
     call.type = "";
     call.root = color;
     call.key = key;
     std::unique_lock lock = enter(call, [g = group_.get()] { make_splits(*g); });
-    detail::split_result mine = std::move(group_->splits[static_cast<std::size_t>(rank_)]);
-    return threads(std::move(mine.group), mine.rank);
+    return std::move(group_->splits[static_cast<std::size_t>(rank_)]);
   }
 
  private:
-  template <class F>
-  friend void run_ranks(int d, F&& f, std::chrono::milliseconds timeout);
-
-  threads(std::shared_ptr<detail::thread_group> g, int rank) : group_(std::move(g)), rank_(rank) {}
+  /// The worker: runs the queue in order until the handle goes and the queue is empty.
+  void work() noexcept {
+    thread_world& w = *group_->world;
+    const auto me = static_cast<std::size_t>(group_->members[static_cast<std::size_t>(rank_)]);
+    std::unique_lock lock(queue_mutex_);
+    for (;;) {
+      queue_cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+      if (queue_.empty()) return;
+      std::shared_ptr<thread_job> job = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      job->execute();
+      job.reset();
+      {
+        std::lock_guard world_lock(w.mutex);
+        --w.pending[me];
+        w.cv.notify_all();  // run_ranks may be waiting for this rank's last one
+      }
+      lock.lock();
+      busy_ = false;
+      queue_cv_.notify_all();  // drain()
+    }
+  }
 
   /// Phase A: publishes `call`, waits for everyone, and throws the verdict if the calls
   /// disagree. Returns with the lock held. `extra` runs on the last arrival after a
   /// clean verdict (split builds the sub-groups there).
   template <class Extra = void (*)()>
-  std::unique_lock<std::mutex> enter(const detail::collective_call& call, Extra extra = [] {}) {
-    detail::thread_group& g = *group_;
-    const char* what = detail::collective_name(call.kind);
+  std::unique_lock<std::mutex> enter(const collective_call& call, Extra extra = [] {}) {
+    thread_group& g = *group_;
+    const char* what = collective_name(call.kind);
     std::unique_lock lock(g.world->mutex);
     if (g.world->failed_rank >= 0) g.throw_aborted(rank_, what);
     g.calls[static_cast<std::size_t>(rank_)] = call;
     g.arrive(lock, rank_, what, [&g, &extra] {
-      g.verdict = detail::check_calls(g.calls);
+      g.verdict = check_calls(g.calls);
       if (g.verdict.empty()) extra();
     });
     if (!g.verdict.empty()) throw std::invalid_argument(g.verdict);
@@ -556,7 +656,7 @@ class threads {
     for (std::size_t q = 0; q < ins.size(); ++q) ins[q] = at(group_->calls[q]);
   }
 
-  /// This handle's scratch space for `n` elements of T, grown as needed and reused.
+  /// This rank's scratch space for `n` elements of T, grown as needed and reused.
   template <class T>
   T* scratch_for(std::size_t n) {
     const std::size_t bytes = n * sizeof(T);
@@ -570,7 +670,7 @@ class threads {
 
   /// Builds the sub-groups of a split from every rank's (color, key); runs on the last
   /// rank to arrive, under the lock.
-  static void make_splits(detail::thread_group& g) {
+  static void make_splits(thread_group& g) {
     const std::size_t d = g.calls.size();
     std::vector<int> order(d);
     std::iota(order.begin(), order.end(), 0);
@@ -585,18 +685,176 @@ class threads {
       std::vector<int> members;
       while (j < d && g.calls[static_cast<std::size_t>(order[j])].root == g.calls[static_cast<std::size_t>(order[i])].root)
         members.push_back(g.members[static_cast<std::size_t>(order[j++])]);
-      auto sub = std::make_shared<detail::thread_group>(g.world, std::move(members));
+      auto sub = std::make_shared<thread_group>(g.world, std::move(members));
       for (std::size_t k = i; k < j; ++k)
         g.splits[static_cast<std::size_t>(order[k])] = {sub, static_cast<int>(k - i)};
       i = j;
     }
   }
 
-  std::shared_ptr<detail::thread_group> group_;
+  std::shared_ptr<thread_group> group_;
   int rank_ = 0;
-  std::size_t bytes_sent_ = 0;
+  std::atomic<std::size_t> bytes_sent_{0};  // written by whichever thread acts, read by the owner
   std::unique_ptr<std::byte[]> scratch_;
   std::size_t scratch_bytes_ = 0;
+
+  // The asynchronous queue. The worker starts on the first i-form (never for one rank).
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<thread_job>> queue_;
+  bool busy_ = false;      // the worker is running a job it took off the queue
+  bool stopping_ = false;  // the handle is going: run what is queued, then end
+  std::thread worker_;
+};
+
+}  // namespace detail
+
+/// One rank's handle on a group of ranks that are threads of one process. Models
+/// `distopt::async_communicator`. Handles come from `run_ranks` and `split`; a handle
+/// belongs to its rank's thread (move-only, not to be shared between threads).
+///
+/// Every collective is collective: all ranks of the group call the same one with the same
+/// sizes, op and root, in the same order, or every rank throws the same
+/// std::invalid_argument. Reductions run in rank order (rank 0 + rank 1 + ...), in float
+/// for float, bf16 and fp16 and in double for double, rounded once to T; the result is
+/// computed once per element and copied, so it is bit-identical on every rank and for
+/// every run. `avg` is that sum divided by size(). `max` propagates NaN.
+///
+/// Asynchronous forms. iall_reduce, iall_gather, ireduce_scatter and ibroadcast take what
+/// the blocking forms take, return a comm_request at once, and run the blocking form on
+/// the handle's worker thread while the caller computes: same bits, same byte count. The
+/// buffers must stay alive and untouched until wait() returns (or test() is true).
+///  - Order: a handle's collectives run in the order they were called, async and blocking
+///    mixed: a blocking call (and split) first waits for the handle's queued ones. So a
+///    rank may use the i-form where another uses the blocking form. Handles from split
+///    have their own queues and progress independently of each other.
+///  - Errors: an i-form checks nothing itself, since a rank that refused a call alone would
+///    shift its later calls against the others'. Mismatches, rank_failure and timeouts are
+///    the collective's, thrown by wait(), the same on every rank as for the blocking form
+///    (the timeout counts from when the worker enters the collective).
+///  - A request destroyed without wait() waits in its destructor and terminates the
+///    program if the collective failed (comm_request's rule): wait() where ranks may fail.
+///  - A rank function that returns or throws while requests are pending (kept outside it,
+///    say) has not left yet: run_ranks marks it exited only once those collectives have
+///    ended (if it threw, after poisoning the group, so that they end fast), so the others
+///    neither wait for a rank that is gone nor fail because of one that will still arrive.
+///    The requests stay valid after their handle and run_ranks are gone.
+///  - Destroying a handle, or move-assigning over it, waits for its queued collectives to
+///    end (each completes, fails or times out; nothing waits forever). A moved handle keeps
+///    its queue: the worker belongs to the heap-allocated rank state, not to the handle.
+///  - With size() == 1 an i-form completes before it returns and starts no thread.
+///
+/// Byte model of `bytes_sent()`: what a bandwidth-optimal (ring) implementation sends from
+/// this rank, for N = elements of the full buffer and s = sizeof(T):
+///   all_reduce      (N + (d-2) * c_r) * s, c_r = this rank's chunk of N (N/d rounded as
+///                   in chunk_begin). Equals 2 (d-1)/d N s whenever d divides N, and the
+///                   ranks' figures always add up to exactly 2 (d-1) N s.
+///   reduce_scatter  (d-1) * out.size() * s   ((d-1)/d of the full input)
+///   all_gather      (d-1) * in.size() * s    ((d-1)/d of the full output)
+///   broadcast       N * s on the root (it injects the data once), 0 on the others
+///   split           0 (metadata only)
+/// It is also exactly what this implementation reads from this rank's buffers on behalf of
+/// the others, except broadcast, where each of the d-1 others copies from the root.
+/// An async collective is counted when it completes; reading bytes_sent() is always safe,
+/// and it is up to date once every request of the handle has been waited (or tested true)
+/// or after any blocking call.
+class threads {
+ public:
+  using communicator_concept = communicator_tag;
+
+  threads(threads&&) noexcept = default;
+  /// Waits for this handle's queued collectives to end, then takes `other`'s rank.
+  threads& operator=(threads&&) noexcept = default;
+  // Two handles of one rank used from two threads would corrupt the rendezvous.
+  threads(const threads&) = delete;
+  threads& operator=(const threads&) = delete;
+  /// Waits for the handle's queued collectives to end and joins its worker.
+  ~threads() = default;
+
+  /// This rank's index in the group, 0 <= rank() < size().
+  int rank() const noexcept { return self_->rank(); }
+  /// The number of ranks in the group.
+  int size() const noexcept { return self_->size(); }
+  /// Bytes this rank has sent since the handle was made, by the model in the class docs.
+  std::size_t bytes_sent() const noexcept { return self_->bytes_sent(); }
+
+  /// Reduces `data` over the ranks in place: every rank ends with the same result.
+  template <comm_element T>
+  void all_reduce(std::span<T> data, reduce_op op) {
+    self_->drain();
+    self_->all_reduce(data, op);
+  }
+
+  /// Concatenates every rank's `in` into `out` in rank order; out.size() == size() * in.size().
+  /// `in` may be this rank's own slice of `out`; otherwise they must not overlap.
+  template <comm_element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    self_->drain();
+    self_->all_gather(in, out);
+  }
+
+  /// Reduces `in` over the ranks and leaves slice rank() of the result in `out`;
+  /// in.size() == size() * out.size(). `out` may be this rank's own slice of `in`;
+  /// otherwise they must not overlap.
+  template <comm_element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    self_->drain();
+    self_->reduce_scatter(in, out, op);
+  }
+
+  /// Copies `root`'s `data` into every rank's `data`.
+  template <comm_element T>
+  void broadcast(std::span<T> data, int root) {
+    self_->drain();
+    self_->broadcast(data, root);
+  }
+
+  /// Starts all_reduce(data, op); see "Asynchronous forms" in the class docs.
+  template <comm_element T>
+  comm_request iall_reduce(std::span<T> data, reduce_op op) {
+    detail::thread_rank* s = self_.get();
+    return s->post([s, data, op] { s->all_reduce(data, op); });
+  }
+
+  /// Starts all_gather(in, out); see "Asynchronous forms" in the class docs.
+  template <comm_element T>
+  comm_request iall_gather(std::span<const T> in, std::span<T> out) {
+    detail::thread_rank* s = self_.get();
+    return s->post([s, in, out] { s->all_gather(in, out); });
+  }
+
+  /// Starts reduce_scatter(in, out, op); see "Asynchronous forms" in the class docs.
+  template <comm_element T>
+  comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
+    detail::thread_rank* s = self_.get();
+    return s->post([s, in, out, op] { s->reduce_scatter(in, out, op); });
+  }
+
+  /// Starts broadcast(data, root); see "Asynchronous forms" in the class docs.
+  template <comm_element T>
+  comm_request ibroadcast(std::span<T> data, int root) {
+    detail::thread_rank* s = self_.get();
+    return s->post([s, data, root] { s->broadcast(data, root); });
+  }
+
+  /// Splits the group (collectively): ranks that pass the same `color` (>= 0) form a new
+  /// group, ordered by `key`, then by rank in this group. For a DP x TP grid, rank
+  /// r = dp * tp_size + tp: split(dp, tp) gives the TP group, split(tp, dp) the DP group.
+  threads split(int color, int key) {
+    self_->drain();
+    detail::split_result mine = self_->split(color, key);
+    return threads(std::move(mine.group), mine.rank);
+  }
+
+ private:
+  template <class F>
+  friend void run_ranks(int d, F&& f, std::chrono::milliseconds timeout);
+
+  threads(std::shared_ptr<detail::thread_group> g, int rank)
+      : self_(std::make_unique<detail::thread_rank>(std::move(g), rank)) {}
+
+  // On the heap: its worker thread refers to it while the handle moves.
+  std::unique_ptr<detail::thread_rank> self_;
 };
 
 /// Runs `f(threads&)` on `d` ranks, each on its own thread (rank 0 on the caller's), and
@@ -604,6 +862,8 @@ class threads {
 /// collective, and `run_ranks` throws `rank_failure("rank R failed: <what>")` for the
 /// rank R that failed first. A collective that waits longer than `timeout` for the
 /// others fails with a `rank_failure` naming the collective and the missing ranks.
+/// A rank is done when its function has returned and every asynchronous collective it
+/// started has ended (see the `threads` docs); run_ranks returns after every rank is done.
 template <class F>
 void run_ranks(int d, F&& f, std::chrono::milliseconds timeout) {
   if (d < 1) throw std::invalid_argument("distopt::run_ranks: need at least one rank, got " + std::to_string(d));
@@ -629,11 +889,15 @@ void run_ranks(int d, F&& f, std::chrono::milliseconds timeout) {
         what = "an exception not derived from std::exception";
       }
     }
-    std::lock_guard lock(world->mutex);
-    world->exited[static_cast<std::size_t>(r)] = 1;
-    // Returning normally also wakes everyone: a rank waiting for this one fails fast.
+    const auto ur = static_cast<std::size_t>(r);
+    std::unique_lock lock(world->mutex);
     if (error) world->fail_locked(r, std::move(what));
-    else world->cv.notify_all();
+    // Async collectives the rank left running still act for it: it has not returned
+    // until they end. Each ends (completes, fails or times out), so this wait does too.
+    world->cv.wait(lock, [&] { return world->pending[ur] == 0; });
+    world->exited[ur] = 1;
+    // Returning normally also wakes everyone: a rank waiting for this one fails fast.
+    world->cv.notify_all();
   };
   const auto body = [&](int r) {
     std::exception_ptr error;
