@@ -5,7 +5,9 @@
 
 #include <distopt/io/safetensors.hpp>
 
+#include <array>
 #include <charconv>
+#include <optional>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -16,13 +18,34 @@
 
 #include "replay.hpp"
 
+#ifdef DISTOPT_REPLAY_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
+
+#ifndef DISTOPT_REPLAY_MPI
+// Built without MPI: --comm mpi is refused.
+#define DISTOPT_REPLAY_NO_MPI(policy)                                             \
+  replay::result replay::run_##policy##_mpi(const trace&, const config&) {         \
+    throw usage_error("--comm mpi: this distopt-replay was built without MPI "     \
+                      "(configure with -DDISTOPT_ENABLE_MPI=ON)");                 \
+  }
+DISTOPT_REPLAY_NO_MPI(sgd)
+DISTOPT_REPLAY_NO_MPI(adam)
+DISTOPT_REPLAY_NO_MPI(adamw)
+DISTOPT_REPLAY_NO_MPI(lion)
+#undef DISTOPT_REPLAY_NO_MPI
+#endif
+
 namespace {
 
 constexpr const char* usage_text =
     "usage: distopt-replay --optimizer NAME --trace IN.safetensors --out OUT.safetensors\n"
     "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
-    "                      [--state fp32|bf16] [--threads N]\n"
+    "                      [--state fp32|bf16] [--threads N] [--ranks N] [--comm threads|mpi]\n"
+    "--ranks N runs N ranks as threads with sharded state (rank 0 gets the trace's gradient,\n"
+    "the others zeros, summed): the output equals one rank's byte for byte. --comm mpi runs\n"
+    "one rank per MPI process (start it with mpirun -np N); rank 0 writes the output.\n"
     "optimizers: sgd, adam, adamw, lion (hyper-parameters by PyTorch's argument names,\n"
     "tuples as comma lists: --set betas=0.9,0.95)\n";
 
@@ -71,7 +94,14 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--threads") {
       cfg.threads = parse_int(a, value());
       if (cfg.threads < 0) throw replay::usage_error("--threads: must be >= 0 (0 = one per core)");
-    } else if (a == "--ranks" || a == "--backend" || a == "--save-at" || a == "--resume")
+    } else if (a == "--ranks") {
+      cfg.ranks = parse_int(a, value());
+      if (cfg.ranks < 1 || cfg.ranks > 1024) throw replay::usage_error("--ranks: must be between 1 and 1024");
+    } else if (a == "--comm") {
+      cfg.comm = value();
+      if (cfg.comm != "threads" && cfg.comm != "mpi")
+        throw replay::usage_error("--comm: unknown communicator '" + cfg.comm + "' (threads or mpi)");
+    } else if (a == "--backend" || a == "--save-at" || a == "--resume")
       throw replay::usage_error(std::string(a) + ": not supported yet (planned in a later release)");
     else
       throw replay::usage_error("unknown option '" + std::string(a) + "' (see --help)");
@@ -130,12 +160,19 @@ int main(int argc, char** argv) {
   paths io;
   try {
     const replay::config cfg = parse_args(argc, argv, io);
-    replay::result (*run)(const replay::trace&, const replay::config&) = nullptr;
-    if (cfg.optimizer == "sgd") run = replay::run_sgd;
-    else if (cfg.optimizer == "adam") run = replay::run_adam;
-    else if (cfg.optimizer == "adamw") run = replay::run_adamw;
-    else if (cfg.optimizer == "lion") run = replay::run_lion;
-    else
+    using entry = replay::result (*)(const replay::trace&, const replay::config&);
+    const int mode = cfg.comm == "mpi" ? 2 : cfg.ranks > 0 ? 1 : 0;
+    entry run = nullptr;
+#define DISTOPT_REPLAY_PICK(policy)                                                        \
+  if (cfg.optimizer == #policy)                                                            \
+    run = std::array<entry, 3>{replay::run_##policy##_single, replay::run_##policy##_threads, \
+                               replay::run_##policy##_mpi}[static_cast<std::size_t>(mode)];
+    DISTOPT_REPLAY_PICK(sgd)
+    DISTOPT_REPLAY_PICK(adam)
+    DISTOPT_REPLAY_PICK(adamw)
+    DISTOPT_REPLAY_PICK(lion)
+#undef DISTOPT_REPLAY_PICK
+    if (!run)
       throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
                                 "' (sgd, adam, adamw or lion)");
     replay::trace tr;
@@ -144,7 +181,20 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {  // unreadable, malformed or incomplete input
       throw replay::usage_error(e.what());
     }
+#ifdef DISTOPT_REPLAY_MPI
+    std::optional<distopt::mpi_session> session;
+    if (mode == 2) {
+      session.emplace(argc, argv);
+      if (cfg.ranks > 0 && cfg.ranks != distopt::mpi(MPI_COMM_WORLD).size())
+        throw replay::usage_error("--ranks " + std::to_string(cfg.ranks) + " differs from the MPI world size " +
+                                  std::to_string(distopt::mpi(MPI_COMM_WORLD).size()) + " (mpirun -np)");
+    }
+    const bool writer = mode != 2 || distopt::mpi(MPI_COMM_WORLD).rank() == 0;
+#else
+    const bool writer = true;
+#endif
     const replay::result out = run(tr, cfg);
+    if (!writer) return 0;
 
     distopt::io::safetensors_writer w;
     w.set_metadata("steps", std::to_string(tr.grads.size()));

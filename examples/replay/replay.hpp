@@ -33,14 +33,22 @@ struct config {
   std::string param_dtype = "fp32", grad_dtype = "fp32", state = "fp32";
   bool master_weights = true;
   int threads = 1;
+  int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
+  std::string comm = "threads";
 };
 
 /// Final params by name, fp32.
 using result = std::map<std::string, std::vector<float>>;
 
-result run_sgd(const trace&, const config&);
-result run_adam(const trace&, const config&);
-result run_adamw(const trace&, const config&);
-result run_lion(const trace&, const config&);
+// One entry point per (policy, mode), each in its own translation unit (run.cpp.in).
+#define DISTOPT_REPLAY_DECLARE(policy)                     \
+  result run_##policy##_single(const trace&, const config&);  \
+  result run_##policy##_threads(const trace&, const config&); \
+  result run_##policy##_mpi(const trace&, const config&);
+DISTOPT_REPLAY_DECLARE(sgd)
+DISTOPT_REPLAY_DECLARE(adam)
+DISTOPT_REPLAY_DECLARE(adamw)
+DISTOPT_REPLAY_DECLARE(lion)
+#undef DISTOPT_REPLAY_DECLARE
 
 }  // namespace replay

@@ -8,13 +8,20 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
+
+#ifdef DISTOPT_REPLAY_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
 
 #include "replay.hpp"
 
 namespace replay {
 
-template <class Policy, class State, class Param, class Grad>
-result run_typed(const trace& tr, const config& cfg) {
+/// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
+/// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
+template <class Policy, class Storage, class Comm, class Param, class Grad>
+result run_rank(const trace& tr, const config& cfg, Comm comm) {
   typename Policy::hyper_params h;
   try {
     h = distopt::apply_hyper_params<Policy>(h, cfg.sets);
@@ -31,9 +38,10 @@ result run_typed(const trace& tr, const config& cfg) {
   }
   distopt::optimizer_options opts;
   opts.master_weights = cfg.master_weights;
-  distopt::optimizer<Policy, distopt::replicated<State>, distopt::single, distopt::cpu,
-                     distopt::precision<Param, Grad>>
-      opt(std::move(lay), h, opts, distopt::cpu(cfg.threads));
+  opts.grad_reduce = distopt::reduce_op::sum;
+  const int rank = comm.rank();
+  distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, Grad>> opt(
+      std::move(lay), h, opts, distopt::cpu(cfg.threads), std::move(comm));
 
   for (const auto& n : tr.names) {
     auto p = opt.param(n);
@@ -44,9 +52,10 @@ result run_typed(const trace& tr, const config& cfg) {
     for (const auto& n : tr.names) {
       auto g = opt.grad(n);
       const auto& src = step.at(n);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(src[i]);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[i] : 0.0f);
     }
     opt.step();
+    opt.zero_grad();
   }
   result out;
   for (const auto& n : tr.names) {
@@ -56,6 +65,34 @@ result run_typed(const trace& tr, const config& cfg) {
     for (auto x : p) dst.push_back(distopt::to_float(x));
   }
   return out;
+}
+
+/// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
+/// world) with sharded state.
+struct single_mode {};
+struct threads_mode {};
+struct mpi_mode {};
+
+template <class Policy, class Mode, class State, class Param, class Grad>
+result run_typed(const trace& tr, const config& cfg) {
+  if constexpr (std::is_same_v<Mode, single_mode>) {
+    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad>(tr, cfg, distopt::single{});
+  } else if constexpr (std::is_same_v<Mode, threads_mode>) {
+    result out;
+    distopt::run_ranks(cfg.ranks, [&](distopt::threads& comm) {
+      const int rank = comm.rank();
+      result r = run_rank<Policy, distopt::sharded<State>, distopt::threads, Param, Grad>(tr, cfg, std::move(comm));
+      if (rank == 0) out = std::move(r);
+    });
+    return out;
+  } else {
+#ifdef DISTOPT_REPLAY_MPI
+    return run_rank<Policy, distopt::sharded<State>, distopt::mpi, Param, Grad>(tr, cfg, distopt::mpi(MPI_COMM_WORLD));
+#else
+    static_assert(!std::is_same_v<Mode, mpi_mode>, "the mpi mode needs DISTOPT_REPLAY_MPI");
+    return {};
+#endif
+  }
 }
 
 template <class T>
@@ -77,17 +114,24 @@ result with_number(std::string_view what, std::string_view name, F&& f) {
   throw usage_error(std::string(what) + ": unsupported dtype");
 }
 
-template <class Policy>
+template <class Policy, class Mode>
 result run_policy(const trace& tr, const config& cfg) {
   return with_number("--param-dtype", cfg.param_dtype, [&](auto p) {
     return with_number("--grad-dtype", cfg.grad_dtype, [&](auto g) {
       using P = typename decltype(p)::type;
       using G = typename decltype(g)::type;
-      if (cfg.state == "fp32") return run_typed<Policy, float, P, G>(tr, cfg);
-      if (cfg.state == "bf16") return run_typed<Policy, distopt::bf16, P, G>(tr, cfg);
-      if (cfg.state == "q8")
-        throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
-      throw usage_error("--state: unknown encoding '" + cfg.state + "' (fp32 or bf16)");
+      // Several ranks: the (param, grad) pairs that training uses, to keep the build small.
+      constexpr bool distributed_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
+      if constexpr (!std::is_same_v<Mode, single_mode> && !distributed_pair) {
+        throw usage_error("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks");
+        return result{};  // gives the lambda its return type
+      } else {
+        if (cfg.state == "fp32") return run_typed<Policy, Mode, float, P, G>(tr, cfg);
+        if (cfg.state == "bf16") return run_typed<Policy, Mode, distopt::bf16, P, G>(tr, cfg);
+        if (cfg.state == "q8")
+          throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
+        throw usage_error("--state: unknown encoding '" + cfg.state + "' (fp32 or bf16)");
+      }
     });
   });
 }

@@ -1,7 +1,0 @@
-// SPDX-License-Identifier: Apache-2.0
-// Copyright 2026 the distopt authors
-#include "run.hpp"
-
-replay::result replay::run_adamw(const trace& tr, const config& cfg) {
-  return run_policy<distopt::adamw>(tr, cfg);
-}
