@@ -113,6 +113,7 @@ void collect(Opt& opt, int rank, outcome& out) {
       auto p = opt.param(ts.name);
       put(out.params[t], 0, std::span<const typename Opt::param_type>(p));
     }
+    if (!Opt::is_sharded && rank != 0) continue;  // replicated: every rank holds all of it
     try {
       auto m = opt.local_master(ts.name);
       put(out.master[t], m.first, m.values);

@@ -10,7 +10,9 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 namespace {
 
@@ -142,6 +144,8 @@ BOOST_AUTO_TEST_CASE(skipping_the_all_gather) {
   layout l;
   l.add("w", {1000});
   using opt_t = optimizer<sgd, sharded<fp32>, threads, cpu>;
+  // Boost.Test's assertions are not thread-safe: ranks record, the test thread checks.
+  std::vector<std::vector<float>> before(4), after(4);
   run_ranks(4, [&](threads& comm) {
     optimizer_options o;
     o.gather_params = false;
@@ -152,12 +156,17 @@ BOOST_AUTO_TEST_CASE(skipping_the_all_gather) {
     opt_t opt(l, h, o, cpu(1), std::move(comm));
     for (auto& g : opt.grad("w")) g = r == 0 ? 1.0f : 0.0f;
     opt.step();
-    // 4 blocks of 256, one per rank; the last holds 1000 - 768 = 232 elements.
-    auto p = opt.param("w");
-    for (std::size_t i = 0; i < p.size(); ++i) BOOST_TEST(p[i] == (i / 256 == static_cast<std::size_t>(r) ? -1.0f : 0.0f));
+    before[static_cast<std::size_t>(r)].assign(opt.param("w").begin(), opt.param("w").end());
     opt.gather_params();
-    for (float x : opt.param("w")) BOOST_TEST(x == -1.0f);
+    after[static_cast<std::size_t>(r)].assign(opt.param("w").begin(), opt.param("w").end());
   });
+  for (std::size_t r = 0; r < 4; ++r) {
+    // 4 blocks of 256, one per rank; the last holds 1000 - 768 = 232 elements.
+    std::vector<float> own(1000, 0.0f), all(1000, -1.0f);
+    for (std::size_t i = 0; i < own.size(); ++i) own[i] = i / 256 == r ? -1.0f : 0.0f;
+    BOOST_TEST(before[r] == own, boost::test_tools::per_element());
+    BOOST_TEST(after[r] == all, boost::test_tools::per_element());
+  }
 }
 
 // A 2 (DP) x 2 (TP) grid: a row-split matrix, a column-split one and a replicated vector
@@ -282,7 +291,10 @@ struct counting_cpu : cpu {
 
 BOOST_AUTO_TEST_CASE(memory_report_equals_the_allocations) {
   const layout l = make_layout(awkward_layouts()[3], dtype::bf16);
+  std::vector<memory_report> reports(3);
+  std::vector<std::size_t> allocated(3);
   run_ranks(3, [&](threads& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
     counting_cpu exec(1);
     auto live = exec.live;
     optimizer_options o;
@@ -290,11 +302,14 @@ BOOST_AUTO_TEST_CASE(memory_report_equals_the_allocations) {
     o.bucket_elems = 512;
     optimizer<adam, sharded<bf16>, threads, counting_cpu, precision<bf16, bf16>> opt(l, adam::hyper_params{}, o, exec,
                                                                                     std::move(comm));
-    const memory_report r = opt.memory();
-    BOOST_TEST(r.total_bytes() == *live);
-    BOOST_TEST(r.bytes("comm buffers") > 0u);
-    BOOST_TEST(r.bytes("grads fp32") > 0u);
+    reports[r] = opt.memory();
+    allocated[r] = *live;
   });
+  for (std::size_t r = 0; r < 3; ++r) {
+    BOOST_TEST(reports[r].total_bytes() == allocated[r]);
+    BOOST_TEST(reports[r].bytes("comm buffers") > 0u);
+    BOOST_TEST(reports[r].bytes("grads fp32") > 0u);
+  }
 }
 
 // A rank whose layout differs is caught at construction, on every rank, naming the first
@@ -340,20 +355,48 @@ BOOST_AUTO_TEST_CASE(layout_mismatch_is_reported_on_every_rank) {
 BOOST_AUTO_TEST_CASE(communication_volume_is_the_theoretical_minimum) {
   const layout l = make_layout(awkward_layouts()[3], dtype::f32);
   for (int d = 2; d <= 8; ++d) {
+    std::vector<std::size_t> sent(static_cast<std::size_t>(d)), padded(static_cast<std::size_t>(d));
     run_ranks(d, [&](threads& comm) {
+      const auto r = static_cast<std::size_t>(comm.rank());
       optimizer_options o;
       o.check_finite = false;
       o.bucket_elems = 512;
       optimizer<adamw, sharded<fp32>, threads> opt(l, adamw::hyper_params{}, o, cpu(1), std::move(comm));
       const std::size_t before = opt.communicator().bytes_sent();
       opt.step();
-      const std::size_t sent = opt.communicator().bytes_sent() - before;
-      const std::size_t padded = opt.params().size();
-      BOOST_TEST(sent * static_cast<std::size_t>(d) == 2 * static_cast<std::size_t>(d - 1) * padded * 4);
-      // Padding stays below one block per tensor plus d blocks per bucket.
-      BOOST_TEST(padded - l.numel() <= (l.tensors().size() + 5u * static_cast<std::size_t>(d)) * 256);
+      sent[r] = opt.communicator().bytes_sent() - before;
+      padded[r] = opt.params().size();
     });
+    for (std::size_t r = 0; r < sent.size(); ++r) {
+      BOOST_TEST(sent[r] * static_cast<std::size_t>(d) == 2 * static_cast<std::size_t>(d - 1) * padded[r] * 4);
+      // Padding stays below one block per tensor plus d blocks per bucket.
+      BOOST_TEST(padded[r] - l.numel() <= (l.tensors().size() + 5u * static_cast<std::size_t>(d)) * 256);
+    }
   }
+}
+
+// A rank that throws in the middle of training makes the others fail at their next
+// collective with an error naming it; a rank that stops calling makes them time out.
+BOOST_AUTO_TEST_CASE(a_failing_or_silent_rank_fails_the_others) {
+  const layout l = make_layout(awkward_layouts()[0], dtype::f32);
+  const auto train = [&](threads& comm, int bad_rank, bool throws) {
+    const int r = comm.rank();
+    optimizer<adamw, sharded<fp32>, threads> opt(l, adamw::hyper_params{}, {}, cpu(1), std::move(comm));
+    for (int s = 0; s < 5; ++s) {
+      if (s == 3 && r == bad_rank) {
+        if (throws) throw std::runtime_error("out of memory in backward");
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));  // silent past the timeout
+        return;
+      }
+      opt.step();
+    }
+  };
+  BOOST_CHECK_EXCEPTION(run_ranks(4, [&](threads& c) { train(c, 2, true); }), rank_failure,
+                        [](const rank_failure& e) {
+                          return e.rank() == 2 && message_contains(e, "rank 2 failed: out of memory in backward");
+                        });
+  BOOST_CHECK_EXCEPTION(run_ranks(3, [&](threads& c) { train(c, 1, false); }, std::chrono::milliseconds(100)),
+                        rank_failure, [](const rank_failure& e) { return message_contains(e, "timed out after 100 ms"); });
 }
 
 BOOST_AUTO_TEST_CASE(bad_options_are_refused) {
