@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <span>
@@ -254,6 +255,7 @@ class optimizer {
 
   /// Sets every grad to zero.
   void zero_grad() {
+    wait_pending();  // a reduction still reading the grads
     grad_type* g = grads_.data();
     const std::size_t per = chunk_elems;
     const std::size_t n = grads_.size();
@@ -273,19 +275,23 @@ class optimizer {
     const std::size_t d = static_cast<std::size_t>(comm_.size());
     if (d == 1) return;
     const reduce_op op = options_.grad_reduce;
-    for (const detail::shard_bucket& b : plan_.buckets()) {
+    const auto& buckets = plan_.buckets();
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const detail::shard_bucket& b = buckets[k];
       const std::size_t n = b.padded();
       if (reduces_in_fp32()) {
+        // One staging bucket: converted, reduced (blocking) and reused for the next.
         float* st = staging_.data();
         const grad_type* g = grads_.data() + b.buffer_begin;
         exec_.parallel_for((n + chunk_elems - 1) / chunk_elems, [&](std::size_t c) {
           for (std::size_t i = c * chunk_elems; i < std::min(n, (c + 1) * chunk_elems); ++i) st[i] = to_float(g[i]);
         });
-        reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_elems), op);
+        reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_elems),
+                             op, k, false);
       } else {
         grad_type* g = grads_.data() + b.buffer_begin;
         reduce_bucket<grad_type>(std::span<grad_type>(g, n),
-                                 std::span<grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems), op);
+                                 std::span<grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems), op, k, true);
       }
     }
   }
@@ -333,7 +339,7 @@ class optimizer {
     if (reduces_in_fp32()) run_update<float>(grads32_.data(), static_cast<float>(coef / loss_scale()));
     else run_update<grad_type>(grads_.data(), static_cast<float>(coef / loss_scale()));
     if (scaler_) scaler_->update(false);
-    if (is_sharded && options_.gather_params) gather_params();
+    wait_pending();  // the all-gathers the update started, bucket by bucket
     r.step = step_;
     r.loss_scale = loss_scale();
     return r;
@@ -342,12 +348,8 @@ class optimizer {
   /// Sharded storage: all-gathers every rank's shard of the params into every rank's full
   /// params (`step` does it unless gather_params is off). Collective.
   void gather_params() {
-    if (!is_sharded || comm_.size() == 1) return;
-    for (const detail::shard_bucket& b : plan_.buckets()) {
-      param_type* p = params_.data() + b.buffer_begin;
-      comm_.all_gather(std::span<const param_type>(p + plan_.rank() * b.shard_elems, b.shard_elems),
-                       std::span<param_type>(p, b.padded()));
-    }
+    wait_pending();
+    for (std::size_t k = 0; k < plan_.buckets().size(); ++k) start_gather(k, false);
   }
 
   /// Copies this rank's params into its fp32 master weights; done automatically before
@@ -405,10 +407,56 @@ class optimizer {
     return !std::is_same_v<grad_type, float> && options_.grad_reduce_in_fp32 && comm_.size() > 1;
   }
 
+  /// Reduces bucket `k`: asynchronously when the communicator can and `async` allows,
+  /// so that later buckets' reductions overlap earlier buckets' updates.
   template <class T>
-  void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op) {
+  void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op, std::size_t k, bool async) {
+    if constexpr (async_communicator<Comm>) {
+      if (async) {
+        pending_.resize(plan_.buckets().size());
+        if constexpr (is_sharded) pending_[k] = comm_.ireduce_scatter(std::span<const T>(bucket), mine, op);
+        else pending_[k] = comm_.iall_reduce(bucket, op);
+        return;
+      }
+    }
     if constexpr (is_sharded) comm_.reduce_scatter(std::span<const T>(bucket), mine, op);
     else comm_.all_reduce(bucket, op);
+  }
+
+  /// Sharded: all-gathers bucket `k`'s params, asynchronously when `async` and the
+  /// communicator can (the request is kept in pending_[k]).
+  void start_gather(std::size_t k, bool async) {
+    if (!is_sharded || comm_.size() == 1) return;
+    const detail::shard_bucket& b = plan_.buckets()[k];
+    param_type* p = params_.data() + b.buffer_begin;
+    const std::span<const param_type> in(p + plan_.rank() * b.shard_elems, b.shard_elems);
+    const std::span<param_type> out(p, b.padded());
+    if constexpr (async_communicator<Comm>) {
+      if (async) {
+        pending_.resize(plan_.buckets().size());
+        pending_[k] = comm_.iall_gather(in, out);
+        return;
+      }
+    }
+    comm_.all_gather(in, out);
+  }
+
+  /// Waits for bucket `k`'s collective in flight, if any.
+  void wait_bucket(std::size_t k) {
+    if (k < pending_.size()) pending_[k].wait();
+  }
+  /// Waits for every collective in flight, in bucket order (the first failure is rethrown
+  /// after all have finished, so no buffer is left in use).
+  void wait_pending() {
+    std::exception_ptr first;
+    for (comm_request& r : pending_) {
+      try {
+        r.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
 
   int check_group(int g) const {
@@ -470,6 +518,7 @@ class optimizer {
   /// shards and ranks: the result is the same for every d and every thread count.
   double grad_norm() {
     reduce_grads();
+    wait_pending();
     const double inv = 1.0 / loss_scale();
     detail::exact_sum total =
         reduces_in_fp32() ? local_squares<float>(grads32_.data(), inv) : local_squares<grad_type>(grads_.data(), inv);
@@ -512,11 +561,11 @@ class optimizer {
 
   template <detail::param_mode Mode, int N, class G>
   void run_with(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
-                std::uint64_t key, const std::vector<int>& active) {
+                std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
     const auto& pieces = plan_.pieces();
     const bool local = std::is_same_v<G, float> && reduces_in_fp32();
-    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
-      const detail::shard_piece& pc = pieces[c];
+    exec_.parallel_for(b.end_piece - b.first_piece, [&](std::size_t c) {
+      const detail::shard_piece& pc = pieces[b.first_piece + c];
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
       detail::update_args<param_type, G, state_type> a{
           params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
@@ -526,16 +575,23 @@ class optimizer {
     });
   }
 
+  /// Updates bucket by bucket: waits for a bucket's reduction, updates its pieces (one
+  /// pass per distinct slot count in use, usually exactly one), then starts its all-gather
+  /// while the next bucket is updated.
   template <detail::param_mode Mode, class G>
   void run_mode(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
                 std::uint64_t key, const std::vector<int>& active) {
-    [&]<int... N>(std::integer_sequence<int, N...>) {
-      // One pass per distinct slot count in use (usually exactly one).
-      ((std::find(active.begin(), active.end(), N) != active.end()
-            ? run_with<Mode, N>(sc, grads, grad_scale, key, active)
-            : void()),
-       ...);
-    }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
+    const auto& buckets = plan_.buckets();
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      wait_bucket(k);
+      [&]<int... N>(std::integer_sequence<int, N...>) {
+        ((std::find(active.begin(), active.end(), N) != active.end()
+              ? run_with<Mode, N>(sc, grads, grad_scale, key, active, buckets[k])
+              : void()),
+         ...);
+      }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
+      if (options_.gather_params) start_gather(k, true);
+    }
   }
 
   template <class G>
@@ -576,6 +632,7 @@ class optimizer {
   std::vector<bool> state_started_;  // per group: has its state been used yet
   bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
+  std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
 };
 
 }  // namespace distopt

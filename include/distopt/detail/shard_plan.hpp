@@ -30,8 +30,9 @@ struct shard_bucket {
   std::size_t shard_elems = 0;                   ///< elements of each rank's shard, padding included
   std::size_t local_begin = 0;                   ///< first element of this rank's shard in the local buffers
   std::size_t first_tensor = 0, end_tensor = 0;  ///< tensors [first, end) of the layout
-  std::size_t padded() const noexcept { return shard_elems * shards; }
+  std::size_t first_piece = 0, end_piece = 0;    ///< this rank's pieces [first, end) of the plan
   std::size_t shards = 1;
+  std::size_t padded() const noexcept { return shard_elems * shards; }
 };
 
 /// A contiguous run of one tensor inside this rank's shard: the unit of work.
@@ -81,7 +82,8 @@ class shard_plan {
     buffer_size_ = buffer;
     local_size_ = local;
     // This rank's pieces: its shard of each bucket intersected with the bucket's tensors.
-    for (const shard_bucket& b : buckets_) {
+    for (shard_bucket& b : buckets_) {
+      b.first_piece = pieces_.size();
       const std::size_t lo = b.layout_begin + rank_ * b.shard_elems, hi = lo + b.shard_elems;
       for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
         const tensor_slot& ts = tensors[i];
@@ -92,6 +94,7 @@ class shard_plan {
           local_numel_ += n;
         }
       }
+      b.end_piece = pieces_.size();
     }
   }
 
