@@ -369,8 +369,8 @@ class optimizer {
   /// Bytes this rank allocates, by category, and per parameter of the model. Each figure
   /// is the size of an allocation this optimizer holds; the elements that belong to no
   /// tensor (block alignment, shard padding) are counted under "padding".
-  memory_report memory() const {
-    memory_report r;
+  distopt::memory_report memory() const {
+    distopt::memory_report r;
     r.parameters = layout_.numel();
     std::size_t padding = 0;
     const auto add = [&](std::string name, std::size_t bytes, std::size_t elems, std::size_t used) {
@@ -390,6 +390,8 @@ class optimizer {
     r.entries.push_back({"comm buffers", staging_.bytes()});
     return r;
   }
+  /// The same as memory().
+  distopt::memory_report memory_report() const { return memory(); }
 
  private:
   /// Elements per work item: a multiple of every block size, large enough to amortise a

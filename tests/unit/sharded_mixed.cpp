@@ -231,7 +231,7 @@ memory_report report_for(int d, const layout& l) {
   run_ranks(d, [&](threads& comm) {
     const int r = comm.rank();
     optimizer<adam, Storage, threads, cpu, precision<P, G>> opt(l, adam::hyper_params{}, {}, cpu(1), std::move(comm));
-    if (r == d - 1) out = opt.memory();  // the last rank holds the most padding
+    if (r == d - 1) out = opt.memory_report();  // the last rank holds the most padding
   });
   return out;
 }
