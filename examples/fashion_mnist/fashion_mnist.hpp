@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -22,6 +23,12 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// --comm mpi: another process refused the run and printed why; this one exits with
+/// code 2 and says nothing, so that the reason is printed once.
+struct refused_elsewhere : std::exception {
+  const char* what() const noexcept override { return "another rank refused the run"; }
+};
+
 /// What to run; defaults are the ones the README's numbers were measured with.
 struct config {
   std::string optimizer = "adamw";
@@ -30,7 +37,9 @@ struct config {
   std::vector<int> hidden{512, 256};
   int epochs = 10;
   int batch_size = 128;
-  int threads = 2;
+  int threads = -1;       // per rank; -1: not given (2 threads per process, split over its ranks)
+  int ranks = 0;          // --ranks; 0: not given (one rank, or the MPI world size)
+  std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;
   std::string log_path, plot_path;
@@ -64,7 +73,8 @@ struct history {
   std::vector<double> test_accuracy;    // after each epoch
 };
 
-/// Checks the hyper-parameters, loads the data, trains and prints the results.
+/// Checks the hyper-parameters, loads the data, trains and prints the results. With
+/// --comm mpi the caller has initialised MPI; every process returns the same history.
 history train_sgd(const config&);
 history train_adam(const config&);
 history train_adamw(const config&);
@@ -72,6 +82,9 @@ history train_lion(const config&);
 
 /// Fails early (usage_error naming the package) when gnuplot is not on PATH.
 void require_gnuplot();
+/// Fails early (usage_error) when --plot needs gnuplot and it is missing, or when the
+/// --log or --plot file cannot be written. Run by the process that writes them.
+void check_outputs(const config& cfg);
 /// Draws the loss and test-accuracy curves into a PNG by running gnuplot.
 void write_plot(const std::string& path, const std::string& title, const history& h);
 

@@ -6,23 +6,28 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#ifdef DISTOPT_FASHION_MNIST_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
+
 #include "fashion_mnist.hpp"
 
 namespace {
+
+/// The most ranks --ranks accepts (each is a thread with its own copy of the model).
+constexpr int max_ranks = 256;
 
 constexpr const char* usage_text =
     "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion] [--set KEY=VALUE]...\n"
@@ -30,6 +35,7 @@ constexpr const char* usage_text =
     "                             [--param-dtype fp32|bf16] [--threads N] [--seed N]\n"
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
+    "                             [--ranks N] [--comm threads|mpi]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
     "  --optimizer     default adamw; hyper-parameters by PyTorch's argument names, tuples as\n"
     "                  comma lists (--set betas=0.9,0.95). Defaults are PyTorch's (lion:\n"
@@ -38,7 +44,9 @@ constexpr const char* usage_text =
     "  --epochs        default 10             --batch-size  default 128\n"
     "  --hidden        hidden widths, default 512,256\n"
     "  --param-dtype   fp32 (default) or bf16 with fp32 master weights\n"
-    "  --threads       threads of distopt and OpenBLAS, default 2 (0: one per core)\n"
+    "  --threads       threads of distopt and OpenBLAS per rank; default 2 per process, split\n"
+    "                  over the ranks on this machine (at least 1); 0: the cores, split the same\n"
+    "                  way. OpenBLAS's count is process-wide: ranks x threads may run at once\n"
     "  --seed          initialisation, shuffling and rounding seed, default 0\n"
     "  --data          directory of the idx files (gzipped or not), default\n"
     "                  /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)\n"
@@ -46,7 +54,15 @@ constexpr const char* usage_text =
     "  --plot          loss and test-accuracy curves as PNG (needs gnuplot: gnuplot-nox)\n"
     "  --limit         train on the first N samples only (all test samples are scored)\n"
     "  --clip          clip the global gradient norm (torch.nn.utils.clip_grad_norm_)\n"
-    "  --normalize     scale pixels to zero mean, unit variance (default on; off: [0, 1])\n";
+    "  --normalize     scale pixels to zero mean, unit variance (default on; off: [0, 1])\n"
+    "  --ranks         data-parallel ranks as threads of this process, default 1. Each rank\n"
+    "                  takes a contiguous part of every batch (the first batch % N ranks one\n"
+    "                  sample more) and the optimizer state is sharded over the ranks; the\n"
+    "                  summed gradient is the batch's mean, as with one rank. Results are\n"
+    "                  the same from run to run for a given N, not between different N\n"
+    "  --comm          threads (default) or mpi: one rank per MPI process, started with\n"
+    "                  mpirun -np N distopt-fashion-mnist --comm mpi (--ranks, if given, must\n"
+    "                  be N); rank 0 prints and writes --log and --plot\n";
 
 template <class T>
 T parse_number(std::string_view flag, std::string_view v, T min) {
@@ -122,20 +138,57 @@ fmnist::config parse_args(int argc, char** argv) {
       if (v == "q8") throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
       if (v != "fp32")
         throw usage_error("--state " + std::string(v) + ": not supported by this example (fp32 states)");
-    } else if (a == "--ranks" || a == "--backend" || a == "--checkpoint" || a == "--resume")
+    } else if (a == "--ranks") {
+      cfg.ranks = parse_number<int>(a, value(), 1);
+      if (cfg.ranks > max_ranks)
+        throw usage_error("--ranks: must be at most " + std::to_string(max_ranks) + ", got " + std::to_string(cfg.ranks));
+    } else if (a == "--comm") {
+      cfg.comm = value();
+      if (cfg.comm != "threads" && cfg.comm != "mpi")
+        throw usage_error("--comm: unknown communicator '" + cfg.comm + "' (threads or mpi)");
+#ifndef DISTOPT_FASHION_MNIST_MPI
+      if (cfg.comm == "mpi")
+        throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
+                          "-DDISTOPT_ENABLE_MPI=ON)");
+#endif
+    } else if (a == "--backend" || a == "--checkpoint" || a == "--resume")
       throw usage_error(std::string(a) + ": not supported yet (planned in a later release)");
     else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
   }
-  if (cfg.threads == 0) cfg.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return cfg;
 }
+
+/// --threads per rank: as given, else 2 (or with 0 the cores) shared by the `ranks_here`
+/// ranks on this machine, at least 1 each. One rank keeps the old default of 2 threads.
+int threads_per_rank(int given, int ranks_here) {
+  if (given > 0) return given;
+  const int total = given == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : 2;
+  return std::max(1, total / std::max(1, ranks_here));
+}
+
+#ifdef DISTOPT_FASHION_MNIST_MPI
+/// The MPI processes that share this process's machine (its shared-memory node).
+int mpi_processes_here() {
+  MPI_Comm node = MPI_COMM_NULL;
+  int n = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+  }
+  return n;
+}
+#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef DISTOPT_FASHION_MNIST_MPI
+  std::optional<distopt::mpi_session> session;  // --comm mpi: after the command line is checked
+#endif
+  bool writer = true;  // prints the plot; with --comm mpi only rank 0
   try {
-    const fmnist::config cfg = parse_args(argc, argv);
+    fmnist::config cfg = parse_args(argc, argv);
     fmnist::history (*train)(const fmnist::config&) = nullptr;
     if (cfg.optimizer == "sgd") train = fmnist::train_sgd;
     else if (cfg.optimizer == "adam") train = fmnist::train_adam;
@@ -144,25 +197,53 @@ int main(int argc, char** argv) {
     else
       throw fmnist::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
                                 "' (sgd, adam, adamw or lion)");
-    // Output problems surface now, not after minutes of training.
-    if (!cfg.plot_path.empty()) fmnist::require_gnuplot();
-    for (const std::string& path : {cfg.log_path, cfg.plot_path})
-      if (!path.empty() && !std::ofstream(path, std::ios::app))
-        throw fmnist::usage_error(path + ": cannot write (" + std::strerror(errno) + ")");
 
-    // BLAS and distopt take turns, never run at once, so both get every thread.
+    int ranks = std::max(cfg.ranks, 1), ranks_here = ranks;
+#ifdef DISTOPT_FASHION_MNIST_MPI
+    if (cfg.comm == "mpi") {
+      session.emplace(argc, argv);
+      const distopt::mpi world(MPI_COMM_WORLD);
+      ranks = world.size();
+      writer = world.rank() == 0;
+      ranks_here = mpi_processes_here();
+    }
+#endif
+    cfg.threads = threads_per_rank(cfg.threads, ranks_here);
+    // BLAS and distopt take turns on a rank, never run at once, so both get all its threads.
     openblas_set_num_threads(cfg.threads);
-    const fmnist::history h = train(cfg);
 
-    if (!cfg.plot_path.empty()) {
-      fmnist::write_plot(cfg.plot_path,
-                         "Fashion-MNIST MLP, distopt " + cfg.optimizer + " (" + cfg.param_dtype + " params)", h);
+    fmnist::history h;
+    try {
+      h = train(cfg);
+    } catch (const fmnist::usage_error&) {
+      throw;  // refused before training: every process knows (see train_mpi)
+    } catch (const fmnist::refused_elsewhere&) {
+      throw;
+    } catch (const std::exception& e) {
+#ifdef DISTOPT_FASHION_MNIST_MPI
+      // The other processes may be waiting for this one in a collective: end them all.
+      if (session && ranks > 1) {
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        std::cerr << "distopt-fashion-mnist: error on rank " << rank << ": " << e.what() << std::endl;
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+#endif
+      throw;
+    }
+
+    if (writer && !cfg.plot_path.empty()) {
+      std::string title = "Fashion-MNIST MLP, distopt " + cfg.optimizer + " (" + cfg.param_dtype + " params";
+      if (ranks > 1) title += ", " + std::to_string(ranks) + " ranks";
+      fmnist::write_plot(cfg.plot_path, title + ")", h);
       std::cout << "plot: " << cfg.plot_path << "\n";
     }
     return 0;
   } catch (const fmnist::usage_error& e) {
     std::cerr << "distopt-fashion-mnist: " << e.what() << std::endl;
     return 2;
+  } catch (const fmnist::refused_elsewhere&) {
+    return 2;  // the rank that refused printed why
   } catch (const std::exception& e) {
     std::cerr << "distopt-fashion-mnist: error: " << e.what() << std::endl;
     return 1;

@@ -40,13 +40,14 @@ const float* mlp::forward(std::span<const linear_ref> layers, const float* x, in
 }
 
 double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
-                        const std::uint8_t* labels, int n) {
+                        const std::uint8_t* labels, int n, int divisor) {
+  if (n < 1 || n > max_batch_ || divisor < 1) throw std::invalid_argument("mlp::train_batch: bad row count");
   const int classes = sizes_.back();
   const float* logits = forward(layers, x, n);
 
-  // Softmax cross-entropy; its gradient w.r.t. the logits is (softmax - one_hot) / n.
+  // Softmax cross-entropy; its gradient w.r.t. the logits is (softmax - one_hot) / divisor.
   double loss = 0.0;
-  const float inv_n = 1.0f / static_cast<float>(n);
+  const float inv_n = 1.0f / static_cast<float>(divisor);
   for (int r = 0; r < n; ++r) {
     const float* z = logits + std::size_t(r) * classes;
     float* d = delta_.data() + std::size_t(r) * classes;
@@ -78,7 +79,7 @@ double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
       if (!(in[i] > 0.0f)) delta_next_[i] = 0.0f;
     std::swap(delta_, delta_next_);
   }
-  return loss / n;
+  return loss;
 }
 
 int mlp::count_correct(std::span<const linear_ref> layers, const float* x,

@@ -29,10 +29,12 @@ class mlp {
   int layer_count() const noexcept { return static_cast<int>(sizes_.size()) - 1; }
   int max_batch() const noexcept { return max_batch_; }
 
-  /// Forward and backward over `n` rows of `x`; overwrites every gradient and returns the
-  /// mean cross-entropy over the rows (PyTorch's reduction='mean').
+  /// Forward and backward over `n` rows of `x`; overwrites every gradient with that of
+  /// (sum of the rows' cross-entropies) / `divisor` and returns the sum. `divisor` = n is
+  /// PyTorch's reduction='mean'; a data-parallel rank holding n of a batch's B rows passes
+  /// B, so that the ranks' gradients sum to the batch's mean gradient.
   double train_batch(std::span<const linear_ref> layers, const float* x,
-                     const std::uint8_t* labels, int n);
+                     const std::uint8_t* labels, int n, int divisor);
 
   /// The number of rows whose highest logit is at their label.
   int count_correct(std::span<const linear_ref> layers, const float* x,

@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// Loss and accuracy curves drawn by gnuplot, fed a generated script (data inline) on stdin.
+// Loss and accuracy curves drawn by gnuplot, fed a generated script (data inline) on stdin,
+// and the early check that the output files can be written.
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -39,6 +43,13 @@ bool on_path(const std::string& program) {
 void require_gnuplot() {
   if (!on_path("gnuplot"))
     throw usage_error("--plot: gnuplot is not on PATH (install it: apt-get install gnuplot-nox)");
+}
+
+void check_outputs(const config& cfg) {
+  if (!cfg.plot_path.empty()) require_gnuplot();
+  for (const std::string& path : {cfg.log_path, cfg.plot_path})
+    if (!path.empty() && !std::ofstream(path, std::ios::app))
+      throw usage_error(path + ": cannot write (" + std::strerror(errno) + ")");
 }
 
 void write_plot(const std::string& path, const std::string& title, const history& h) {

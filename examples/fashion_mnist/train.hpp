@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-// The training loop for one policy and one param number type. Included only by the
-// train_<policy>.cpp files, each of which instantiates it for fp32 and bf16 params.
+// The training loop for one policy and one param number type, on one rank or data-parallel
+// over several (ranks as threads, or MPI processes) with sharded optimizer state. Included
+// only by the train_<policy>.cpp files, each of which instantiates it for fp32 and bf16
+// params and every way of running ranks.
 
 #include <distopt/distopt.hpp>
 
@@ -15,10 +17,18 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#ifdef DISTOPT_FASHION_MNIST_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
 
 #include "fashion_mnist.hpp"
 #include "mlp.hpp"
@@ -50,16 +60,61 @@ typename Policy::hyper_params hyper_from(const config& cfg) {
   }
 }
 
-template <class Policy, class Param>
-history train_typed(const config& cfg) {
+/// Rank r's part of n items split over d ranks: a contiguous range, the first n % d ranks
+/// taking one item more than the others (128 over 3 ranks: 43, 43, 42). Used for every
+/// training batch and for the test set; a part may be empty (n < d).
+struct share {
+  std::size_t first = 0, count = 0;
+};
+inline share share_of(std::size_t n, int d, int r) {
+  const auto ud = static_cast<std::size_t>(d), ur = static_cast<std::size_t>(r);
+  const std::size_t base = n / ud, extra = n % ud;
+  return {ur * base + std::min(ur, extra), base + (ur < extra ? 1 : 0)};
+}
+
+/// What the ranks of one process share, checked and loaded before any rank starts.
+template <class Policy>
+struct prepared {
+  typename Policy::hyper_params decay, no_decay;
+  dataset data;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{nullptr, &std::fclose};  // the writer's --log
+};
+
+/// Checks what can be wrong with the run (outputs, on the process that writes them, then the
+/// hyper-parameters), then loads the data and opens the log: a typo fails at once.
+template <class Policy>
+prepared<Policy> prepare(const config& cfg, bool writer) {
+  prepared<Policy> p;
+  if (writer) check_outputs(cfg);
+  p.decay = hyper_from<Policy>(cfg);
+  p.no_decay = p.decay;  // group 1: biases, without weight decay as usual in PyTorch recipes
+  p.no_decay.weight_decay = 0.0;
+  p.data = load_dataset(cfg);
+  if (writer && !cfg.log_path.empty()) {
+    p.log.reset(std::fopen(cfg.log_path.c_str(), "w"));
+    if (!p.log) throw usage_error(cfg.log_path + ": cannot write (" + std::strerror(errno) + ")");
+    std::fputs("step,epoch,loss\n", p.log.get());
+  }
+  return p;
+}
+
+/// Trains on one rank; rank 0 prints and writes the log. With `distopt::single` (one rank,
+/// replicated state) each step's gradient is the batch's mean. With d ranks, rank r takes
+/// share_of(batch, d, r) of every batch and writes (sum of its rows' loss gradients) /
+/// batch size; the optimizer sums the ranks' gradients (reduce_op::sum: with unequal parts,
+/// avg's division by d would weight the rows of smaller parts more), so it sees the batch's
+/// mean gradient as with one rank, up to the order of the additions. It then updates its
+/// shard of the state and all-gathers the params, which every rank's BLAS reads in place.
+/// Every rank returns the same history.
+template <class Policy, class Param, class Storage, class Comm>
+history train_rank(const config& cfg, const prepared<Policy>& in, std::string_view comm_name, Comm comm) {
   using clock = std::chrono::steady_clock;
   using seconds = std::chrono::duration<double>;
   constexpr bool fp32_params = std::is_same_v<Param, float>;
-
-  const auto decay = hyper_from<Policy>(cfg);
-  auto no_decay = decay;  // group 1: biases, without weight decay as usual in PyTorch recipes
-  no_decay.weight_decay = 0.0;
-  const dataset data = load_dataset(cfg);  // after the checks above: a typo fails at once
+  constexpr bool distributed = !std::is_same_v<Comm, distopt::single>;
+  const int rank = comm.rank(), ranks = comm.size();
+  const bool writer = rank == 0;
+  const dataset& data = in.data;
 
   std::vector<int> sizes{static_cast<int>(data.pixels)};
   sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
@@ -77,12 +132,23 @@ history train_typed(const config& cfg) {
   }
   distopt::optimizer_options options;
   options.seed = cfg.seed;
-  distopt::optimizer<Policy, distopt::replicated<distopt::fp32>, distopt::single, distopt::cpu,
-                     distopt::precision<Param, float>>
-      opt(std::move(tensors), {decay, no_decay}, options, distopt::cpu(cfg.threads));
+  if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
+  distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, float>> opt(
+      std::move(tensors), {in.decay, in.no_decay}, options, distopt::cpu(cfg.threads), std::move(comm));
+  // The sum of one number over the ranks (a loss, a count of correct answers).
+  auto sum_over_ranks = [&opt](double x) {
+    if constexpr (distributed) {
+      double v[1] = {x};
+      opt.communicator().all_reduce(std::span<double>(v), distopt::reduce_op::sum);
+      return v[0];
+    } else {
+      return x;
+    }
+  };
 
   // torch.nn.Linear's initialisation: kaiming_uniform_(a=sqrt(5)) on the weight and the
-  // bias bound both come to U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  // bias bound both come to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Every rank draws the same
+  // values (and, below, the same shuffles) from its own generator with the same seed.
   std::mt19937 rng(static_cast<std::mt19937::result_type>(cfg.seed));
   for (int l = 0; l < layer_count; ++l) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(sizes[l]));
@@ -115,39 +181,43 @@ history train_typed(const config& cfg) {
   for (int l = 0; l < layer_count; ++l)
     layers.push_back({values[2 * l], values[2 * l + 1], opt.grad(names[2 * l]).data(),
                       opt.grad(names[2 * l + 1]).data()});
-
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> log(nullptr, &std::fclose);
-  if (!cfg.log_path.empty()) {
-    log.reset(std::fopen(cfg.log_path.c_str(), "w"));
-    if (!log) throw usage_error(cfg.log_path + ": cannot write (" + std::strerror(errno) + ")");
-    std::fputs("step,epoch,loss\n", log.get());
-  }
+  std::FILE* const log = writer ? in.log.get() : nullptr;
 
   std::string shape;
   for (int s : sizes) shape += (shape.empty() ? "" : "-") + std::to_string(s);
-  std::cout << "distopt-fashion-mnist: " << Policy::name << " "
-            << distopt::hyper_params_string<Policy>(decay) << " (biases: weight_decay=0)\n"
-            << "model: MLP " << shape << ", " << opt.tensors().numel() << " params ("
-            << (fp32_params ? "fp32" : "bf16 with fp32 master weights") << "); data: "
-            << data.train.count << " train / " << data.test.count << " test samples; batch "
-            << cfg.batch_size << ", " << cfg.epochs << " epochs, " << cfg.threads << " threads"
-            << std::endl;
+  if (writer) {
+    std::cout << "distopt-fashion-mnist: " << Policy::name << " "
+              << distopt::hyper_params_string<Policy>(in.decay) << " (biases: weight_decay=0)\n"
+              << "model: MLP " << shape << ", " << opt.tensors().numel() << " params ("
+              << (fp32_params ? "fp32" : "bf16 with fp32 master weights") << "); data: "
+              << data.train.count << " train / " << data.test.count << " test samples; batch "
+              << cfg.batch_size;
+    if constexpr (distributed)
+      std::cout << " split over " << ranks << " ranks (" << comm_name << "), " << cfg.epochs << " epochs, "
+                << cfg.threads << " threads per rank; optimizer state sharded over the ranks";
+    else
+      std::cout << ", " << cfg.epochs << " epochs, " << cfg.threads << " threads";
+    std::cout << std::endl;
+  }
 
+  const std::size_t pixels = data.pixels, batch = static_cast<std::size_t>(cfg.batch_size);
+  const std::size_t most_rows = share_of(batch, ranks, 0).count;  // rank 0's part is the largest
   const int eval_batch = 1000;
-  mlp model(sizes, std::max(cfg.batch_size, eval_batch));
+  mlp model(sizes, std::max(static_cast<int>(most_rows), eval_batch));
+  // Each rank scores its part of the test set; the counts are summed exactly.
+  const share test_part = share_of(data.test.count, ranks, rank);
   auto test_accuracy = [&] {
     std::size_t correct = 0;
-    for (std::size_t b = 0; b < data.test.count; b += eval_batch) {
-      const int n = static_cast<int>(std::min<std::size_t>(eval_batch, data.test.count - b));
+    for (std::size_t b = test_part.first, end = test_part.first + test_part.count; b < end; b += eval_batch) {
+      const int n = static_cast<int>(std::min<std::size_t>(eval_batch, end - b));
       correct += static_cast<std::size_t>(model.count_correct(
           layers, data.test.images.data() + b * data.pixels, data.test.labels.data() + b, n));
     }
-    return static_cast<double>(correct) / static_cast<double>(data.test.count);
+    return sum_over_ranks(static_cast<double>(correct)) / static_cast<double>(data.test.count);
   };
 
-  const std::size_t pixels = data.pixels, batch = static_cast<std::size_t>(cfg.batch_size);
-  std::vector<float> batch_x(batch * pixels);
-  std::vector<std::uint8_t> batch_y(batch);
+  std::vector<float> batch_x(most_rows * pixels);
+  std::vector<std::uint8_t> batch_y(most_rows);
   std::vector<std::size_t> order(data.train.count);
   std::iota(order.begin(), order.end(), std::size_t{0});
 
@@ -159,16 +229,25 @@ history train_typed(const config& cfg) {
   for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
     const auto epoch_start = clock::now();
     std::shuffle(order.begin(), order.end(), rng);
-    progress_bar bar(epoch, cfg.epochs, data.train.count);
+    std::optional<progress_bar> bar;
+    if (writer) bar.emplace(epoch, cfg.epochs, data.train.count);
     double loss_sum = 0.0;  // sum over samples, for the epoch's mean
     for (std::size_t b = 0; b < data.train.count; b += batch) {
       const std::size_t n = std::min(batch, data.train.count - b);
-      for (std::size_t r = 0; r < n; ++r) {
-        const std::size_t s = order[b + r];
-        std::copy_n(data.train.images.data() + s * pixels, pixels, batch_x.data() + r * pixels);
-        batch_y[r] = data.train.labels[s];
+      const share part = share_of(n, ranks, rank);
+      double part_loss = 0.0;  // sum over this rank's rows
+      if (part.count > 0) {
+        for (std::size_t r = 0; r < part.count; ++r) {
+          const std::size_t s = order[b + part.first + r];
+          std::copy_n(data.train.images.data() + s * pixels, pixels, batch_x.data() + r * pixels);
+          batch_y[r] = data.train.labels[s];
+        }
+        part_loss = model.train_batch(layers, batch_x.data(), batch_y.data(), static_cast<int>(part.count),
+                                      static_cast<int>(n));
+      } else {
+        opt.zero_grad();  // a last batch smaller than the number of ranks: nothing to add
       }
-      const double loss = model.train_batch(layers, batch_x.data(), batch_y.data(), static_cast<int>(n));
+      const double loss = sum_over_ranks(part_loss) / static_cast<double>(n);
 
       const auto step_start = clock::now();
       if (cfg.clip > 0.0) opt.clip_grad_norm(cfg.clip);
@@ -178,35 +257,91 @@ history train_typed(const config& cfg) {
 
       loss_sum += loss * static_cast<double>(n);
       hist.step_loss.push_back(static_cast<float>(loss));
-      if (log) std::fprintf(log.get(), "%zu,%d,%.6g\n", hist.step_loss.size(), epoch, loss);
-      bar.update(b + n, loss_sum / static_cast<double>(b + n));
+      if (log) std::fprintf(log, "%zu,%d,%.6g\n", hist.step_loss.size(), epoch, loss);
+      if (bar) bar->update(b + n, loss_sum / static_cast<double>(b + n));
     }
     const double mean_loss = loss_sum / static_cast<double>(data.train.count);
-    bar.finish(mean_loss);
+    if (bar) bar->finish(mean_loss);
     hist.epoch_loss.push_back(mean_loss);
     hist.test_accuracy.push_back(test_accuracy());
     char line[160];
     std::snprintf(line, sizeof line, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.1f s)\n",
                   epoch, cfg.epochs, mean_loss, hist.test_accuracy.back(),
                   seconds(clock::now() - epoch_start).count());
-    std::cout << line << std::flush;
+    if (writer) std::cout << line << std::flush;
   }
   const double total_seconds = seconds(clock::now() - train_start).count();
+  const double accuracy = hist.test_accuracy.empty() ? test_accuracy() : hist.test_accuracy.back();
+  if (!writer) return hist;
 
-  char line[200];
-  std::snprintf(line, sizeof line, "test accuracy: %.4f\n",
-                hist.test_accuracy.empty() ? test_accuracy() : hist.test_accuracy.back());
+  char line[240];
+  std::snprintf(line, sizeof line, "test accuracy: %.4f\n", accuracy);
   std::cout << line;
   if (skipped) std::cout << "skipped steps (NaN/Inf gradient): " << skipped << "\n";
-  std::cout << "optimizer memory:\n" << opt.memory();
+  if constexpr (distributed)
+    std::cout << "optimizer memory (rank 0 of " << ranks << "):\n" << opt.memory();
+  else
+    std::cout << "optimizer memory:\n" << opt.memory();
   const double rest = total_seconds - optimizer_seconds;
   const double pct = total_seconds > 0 ? 100.0 / total_seconds : 0.0;
+  // With several ranks a step also reduce-scatters the grads, all-gathers the params and
+  // waits there for the slowest rank's forward and backward.
   std::snprintf(line, sizeof line,
-                "time: optimizer steps %.2f s (%.1f%%), forward/backward/data/evaluation %.2f s "
+                "time%s: optimizer steps%s %.2f s (%.1f%%), forward/backward/data/evaluation %.2f s "
                 "(%.1f%%), total %.2f s\n",
-                optimizer_seconds, optimizer_seconds * pct, rest, rest * pct, total_seconds);
+                distributed ? " (rank 0)" : "", distributed ? " with communication" : "", optimizer_seconds,
+                optimizer_seconds * pct, rest, rest * pct, total_seconds);
   std::cout << line << std::flush;
   return hist;
+}
+
+/// --comm mpi: one rank per process. Every process checks its inputs and they agree before
+/// training: if any refused, the lowest such rank prints why and every process exits with
+/// code 2 (none is left waiting in a collective for a process that gave up).
+template <class Policy, class Param>
+history train_mpi(const config& cfg) {
+#ifdef DISTOPT_FASHION_MNIST_MPI
+  distopt::mpi world(MPI_COMM_WORLD);
+  const int rank = world.rank(), ranks = world.size();
+  std::optional<prepared<Policy>> in;
+  std::string refusal;
+  try {
+    if (cfg.ranks > 0 && cfg.ranks != ranks)
+      throw usage_error("--ranks " + std::to_string(cfg.ranks) + " differs from the MPI world size " +
+                        std::to_string(ranks) + " (mpirun -np)");
+    in.emplace(prepare<Policy>(cfg, rank == 0));
+  } catch (const usage_error& e) {
+    refusal = e.what();
+  }
+  double first_refusing[1] = {refusal.empty() ? 0.0 : static_cast<double>(ranks - rank)};  // max: lowest rank
+  world.all_reduce(std::span<double>(first_refusing), distopt::reduce_op::max);
+  if (first_refusing[0] > 0.0) {
+    if (ranks - static_cast<int>(first_refusing[0]) != rank) throw refused_elsewhere{};
+    throw usage_error(rank == 0 ? refusal : "rank " + std::to_string(rank) + ": " + refusal);
+  }
+  return train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, *in, "MPI processes", std::move(world));
+#else
+  (void)cfg;
+  throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
+                    "-DDISTOPT_ENABLE_MPI=ON)");
+#endif
+}
+
+/// One rank with replicated state, --ranks N threads, or the MPI world, both with sharded
+/// state.
+template <class Policy, class Param>
+history train_typed(const config& cfg) {
+  if (cfg.comm == "mpi") return train_mpi<Policy, Param>(cfg);
+  const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
+  if (cfg.ranks <= 1)
+    return train_rank<Policy, Param, distopt::replicated<distopt::fp32>>(cfg, in, "", distopt::single{});
+  history out;
+  distopt::run_ranks(cfg.ranks, [&](distopt::threads& comm) {
+    const int rank = comm.rank();
+    history h = train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, in, "threads", std::move(comm));
+    if (rank == 0) out = std::move(h);
+  });
+  return out;
 }
 
 /// Runs `Policy` with the param number type named by --param-dtype.
