@@ -33,6 +33,9 @@ DISTOPT_REPLAY_NO_MPI(sgd)
 DISTOPT_REPLAY_NO_MPI(adam)
 DISTOPT_REPLAY_NO_MPI(adamw)
 DISTOPT_REPLAY_NO_MPI(lion)
+DISTOPT_REPLAY_NO_MPI(lamb)
+DISTOPT_REPLAY_NO_MPI(adafactor)
+DISTOPT_REPLAY_NO_MPI(came)
 #undef DISTOPT_REPLAY_NO_MPI
 #endif
 
@@ -42,12 +45,17 @@ constexpr const char* usage_text =
     "usage: distopt-replay --optimizer NAME --trace IN.safetensors --out OUT.safetensors\n"
     "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
-    "                      [--state fp32|bf16] [--threads N] [--ranks N] [--comm threads|mpi]\n"
+    "                      [--state fp32|bf16] [--threads N] [--ranks N] [--tp T]\n"
+    "                      [--comm threads|mpi]\n"
     "--ranks N runs N ranks as threads with sharded state (rank 0 gets the trace's gradient,\n"
     "the others zeros, summed): the output equals one rank's byte for byte. --comm mpi runs\n"
     "one rank per MPI process (start it with mpirun -np N); rank 0 writes the output.\n"
-    "optimizers: sgd, adam, adamw, lion (hyper-parameters by PyTorch's argument names,\n"
-    "tuples as comma lists: --set betas=0.9,0.95)\n";
+    "--tp T (threads only) adds T tensor-parallel ranks per data-parallel rank: each matrix\n"
+    "is split over them by rows (dim 0) or, when its rows do not divide, by columns; the\n"
+    "output is the reassembled tensors.\n"
+    "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came (hyper-parameters by the\n"
+    "reference implementations' argument names, tuples as comma lists: --set betas=0.9,0.95,\n"
+    "None for an unset optional: --set beta1=None)\n";
 
 struct paths {
   std::string trace, out;
@@ -97,6 +105,9 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--ranks") {
       cfg.ranks = parse_int(a, value());
       if (cfg.ranks < 1 || cfg.ranks > 1024) throw replay::usage_error("--ranks: must be between 1 and 1024");
+    } else if (a == "--tp") {
+      cfg.tp = parse_int(a, value());
+      if (cfg.tp < 1 || cfg.tp > 64) throw replay::usage_error("--tp: must be between 1 and 64");
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -109,6 +120,8 @@ replay::config parse_args(int argc, char** argv, paths& io) {
   if (cfg.optimizer.empty()) throw replay::usage_error("--optimizer is required (see --help)");
   if (io.trace.empty()) throw replay::usage_error("--trace is required (see --help)");
   if (io.out.empty()) throw replay::usage_error("--out is required (see --help)");
+  if (cfg.tp > 1 && cfg.comm == "mpi") throw replay::usage_error("--tp: runs with --comm threads only");
+  if (cfg.tp > 1 && cfg.ranks == 0) cfg.ranks = 1;  // a TP grid runs as threads
   return cfg;
 }
 
@@ -171,10 +184,13 @@ int main(int argc, char** argv) {
     DISTOPT_REPLAY_PICK(adam)
     DISTOPT_REPLAY_PICK(adamw)
     DISTOPT_REPLAY_PICK(lion)
+    DISTOPT_REPLAY_PICK(lamb)
+    DISTOPT_REPLAY_PICK(adafactor)
+    DISTOPT_REPLAY_PICK(came)
 #undef DISTOPT_REPLAY_PICK
     if (!run)
       throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw or lion)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor or came)");
     replay::trace tr;
     try {
       tr = load_trace(io.trace);

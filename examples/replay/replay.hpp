@@ -34,6 +34,7 @@ struct config {
   bool master_weights = true;
   int threads = 1;
   int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
+  int tp = 1;                // --tp T: T tensor-parallel ranks per data-parallel rank (threads)
   std::string comm = "threads";
 };
 
@@ -49,6 +50,9 @@ DISTOPT_REPLAY_DECLARE(sgd)
 DISTOPT_REPLAY_DECLARE(adam)
 DISTOPT_REPLAY_DECLARE(adamw)
 DISTOPT_REPLAY_DECLARE(lion)
+DISTOPT_REPLAY_DECLARE(lamb)
+DISTOPT_REPLAY_DECLARE(adafactor)
+DISTOPT_REPLAY_DECLARE(came)
 #undef DISTOPT_REPLAY_DECLARE
 
 }  // namespace replay

@@ -5,6 +5,7 @@
 
 #include <distopt/distopt.hpp>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -18,10 +19,39 @@
 
 namespace replay {
 
+/// Where this rank sits on the tensor-parallel axis (--tp): its index and the group size.
+struct tp_place {
+  int index = 0, size = 1;
+};
+
+/// How --tp splits the i-th tensor of the trace: matrices alternate between preferring
+/// rows (dim 0) and columns (last dim), falling back to the other when the preferred one
+/// does not divide by the TP size; vectors split by rows when they divide.
+inline distopt::tp_split split_of(const std::vector<std::int64_t>& shape, std::size_t i, int tp) {
+  if (tp == 1 || shape.empty()) return distopt::tp_split::none;
+  const bool rows_ok = shape.front() % tp == 0, cols_ok = shape.size() >= 2 && shape.back() % tp == 0;
+  if (shape.size() >= 2 && i % 2 == 1 && cols_ok) return distopt::tp_split::cols;
+  if (rows_ok) return distopt::tp_split::rows;
+  if (cols_ok) return distopt::tp_split::cols;
+  return distopt::tp_split::none;
+}
+
+/// The full tensor's flat index of element `l` of TP part `t.index` of a tensor of `shape`.
+inline std::size_t full_index(const std::vector<std::int64_t>& shape, distopt::tp_split split, tp_place t,
+                              std::size_t l, std::size_t numel) {
+  if (split == distopt::tp_split::rows) return static_cast<std::size_t>(t.index) * (numel / static_cast<std::size_t>(t.size)) + l;
+  if (split == distopt::tp_split::cols) {
+    const std::size_t c = static_cast<std::size_t>(shape.back()), lc = c / static_cast<std::size_t>(t.size);
+    return (l / lc) * c + static_cast<std::size_t>(t.index) * lc + l % lc;
+  }
+  return l;
+}
+
 /// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
 /// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
 template <class Policy, class Storage, class Comm, class Param, class Grad>
-result run_rank(const trace& tr, const config& cfg, Comm comm) {
+result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Comm> tp_comm = {},
+                tp_place tp = {}) {
   typename Policy::hyper_params h;
   try {
     h = distopt::apply_hyper_params<Policy>(h, cfg.sets);
@@ -32,9 +62,15 @@ result run_rank(const trace& tr, const config& cfg, Comm comm) {
   }
 
   distopt::layout lay;
+  std::vector<distopt::tp_split> splits;
   for (const auto& n : tr.names) {
-    const auto& shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
-    lay.add(n, shape.empty() ? std::vector<std::int64_t>{1} : shape, distopt::dtype_of<Param>);
+    auto shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
+    if (shape.empty()) shape = {1};
+    const distopt::tp_split split = split_of(shape, splits.size(), tp.size);
+    if (split == distopt::tp_split::rows) shape.front() /= tp.size;
+    if (split == distopt::tp_split::cols) shape.back() /= tp.size;
+    splits.push_back(split);
+    lay.add(n, shape, distopt::dtype_of<Param>, 0, split);
   }
   distopt::optimizer_options opts;
   opts.master_weights = cfg.master_weights;
@@ -42,27 +78,34 @@ result run_rank(const trace& tr, const config& cfg, Comm comm) {
   const int rank = comm.rank();
   distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, Grad>> opt(
       std::move(lay), h, opts, distopt::cpu(cfg.threads), std::move(comm));
+  if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
-  for (const auto& n : tr.names) {
-    auto p = opt.param(n);
-    const auto& src = tr.params.at(n);
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[i]);
+  // Element i of this rank's part of tensor k is element at(k, i) of the trace's tensor.
+  const auto at = [&](std::size_t k, std::size_t i) {
+    const auto& n = tr.names[k];
+    return full_index(tr.shapes.at(n), splits[k], tp, i, tr.params.at(n).size());
+  };
+  for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    auto p = opt.param(tr.names[k]);
+    const auto& src = tr.params.at(tr.names[k]);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at(k, i)]);
   }
   for (const auto& step : tr.grads) {
-    for (const auto& n : tr.names) {
-      auto g = opt.grad(n);
-      const auto& src = step.at(n);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[i] : 0.0f);
+    for (std::size_t k = 0; k < tr.names.size(); ++k) {
+      auto g = opt.grad(tr.names[k]);
+      const auto& src = step.at(tr.names[k]);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at(k, i)] : 0.0f);
     }
     opt.step();
     opt.zero_grad();
   }
+  // The full tensors, with this rank's parts filled in (all of them without --tp).
   result out;
-  for (const auto& n : tr.names) {
-    auto p = opt.param(n);
-    auto& dst = out[n];
-    dst.reserve(p.size());
-    for (auto x : p) dst.push_back(distopt::to_float(x));
+  for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    auto p = opt.param(tr.names[k]);
+    auto& dst = out[tr.names[k]];
+    dst.assign(tr.params.at(tr.names[k]).size(), 0.0f);
+    for (std::size_t i = 0; i < p.size(); ++i) dst[at(k, i)] = distopt::to_float(p[i]);
   }
   return out;
 }
@@ -78,12 +121,32 @@ result run_typed(const trace& tr, const config& cfg) {
   if constexpr (std::is_same_v<Mode, single_mode>) {
     return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad>(tr, cfg, distopt::single{});
   } else if constexpr (std::is_same_v<Mode, threads_mode>) {
-    result out;
-    distopt::run_ranks(cfg.ranks, [&](distopt::threads& comm) {
-      const int rank = comm.rank();
-      result r = run_rank<Policy, distopt::sharded<State>, distopt::threads, Param, Grad>(tr, cfg, std::move(comm));
-      if (rank == 0) out = std::move(r);
+    // Rank r = dp * tp + t of the grid; DP rank 0's TP ranks each fill in their parts.
+    std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
+    distopt::run_ranks(cfg.ranks * cfg.tp, [&](distopt::threads& world) {
+      const int dp = world.rank() / cfg.tp, t = world.rank() % cfg.tp;
+      std::optional<distopt::threads> tp_comm;
+      if (cfg.tp > 1) tp_comm.emplace(world.split(dp, t));
+      distopt::threads dp_comm = cfg.tp > 1 ? world.split(t, dp) : std::move(world);
+      result r = run_rank<Policy, distopt::sharded<State>, distopt::threads, Param, Grad>(
+          tr, cfg, std::move(dp_comm), std::move(tp_comm), tp_place{t, cfg.tp});
+      if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
+    result out = std::move(parts[0]);
+    for (std::size_t k = 0; k < tr.names.size(); ++k) {
+      const auto& n = tr.names[k];
+      for (int t = 1; t < cfg.tp; ++t) {
+        const tp_place place{t, cfg.tp};
+        const auto& shape = tr.shapes.at(n);
+        const auto split = split_of(shape.empty() ? std::vector<std::int64_t>{1} : shape, k, cfg.tp);
+        const std::size_t numel = out[n].size(), local = split == distopt::tp_split::none ? numel : numel / static_cast<std::size_t>(cfg.tp);
+        if (split == distopt::tp_split::none) continue;  // replicated over TP: part 0 has it all
+        for (std::size_t i = 0; i < local; ++i) {
+          const std::size_t f = full_index(shape.empty() ? std::vector<std::int64_t>{1} : shape, split, place, i, numel);
+          out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
+        }
+      }
+    }
     return out;
   } else {
 #ifdef DISTOPT_REPLAY_MPI

@@ -6,11 +6,13 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <type_traits>
 
 #include "comm/request.hpp"
+#include "layerwise.hpp"
 #include "step_info.hpp"
 #include "types/dtype.hpp"
 
@@ -72,11 +74,47 @@ concept policy_updates_elements =
       P::update(s, 0.0f, grad, state);  // an update that accepts an rvalue param loses its result
     };
 
+/// A layer-wise policy (Lamb, Adafactor, CAME; see layerwise.hpp) instead declares the
+/// phases of its step and the statistics they need:
+///   static constexpr std::array<phase_spec, K> phases;       // K >= 1 passes
+///   static constexpr int tensor_values, row_values, col_values;   // read by element<>
+///   static constexpr int row_states, col_states;             // persistent, factored tensors
+///   static bool factored(const hyper_params&, std::span<const std::int64_t> shape);
+///   static bool uses_slot(const hyper_params&, int slot, bool factored);
+///   template <int Phase, bool Factored> DISTOPT_HD static void element(
+///       const scalars&, const element_stats&, float& param, float grad, float* state,
+///       float* sums);                                      // sums: tensor, row, col
+///   template <int Phase> static void finish(const hyper_params&, const scalars&, tensor_stats&);
+///   template <int Phase> static void update_factors(...same...);   // optional
+template <class P>
+concept policy_is_layerwise =
+    requires {
+      { P::phases.size() } -> std::convertible_to<std::size_t>;
+      { P::phases[0] } -> std::convertible_to<phase_spec>;
+      { P::tensor_values } -> std::convertible_to<int>;
+      { P::row_values } -> std::convertible_to<int>;
+      { P::col_values } -> std::convertible_to<int>;
+      { P::row_states } -> std::convertible_to<int>;
+      { P::col_states } -> std::convertible_to<int>;
+    } &&
+    requires(const typename P::hyper_params& h, std::span<const std::int64_t> shape,
+             const typename P::scalars& s, const element_stats& e, float& p, float g, float* st,
+             float* out, tensor_stats& t) {
+      { P::factored(h, shape) } -> std::same_as<bool>;
+      { P::uses_slot(h, 0, true) } -> std::same_as<bool>;
+      P::template element<0, true>(s, e, p, g, st, out);
+      P::template element<0, false>(s, e, p, g, st, out);
+      P::template finish<0>(h, s, t);
+    } &&
+    (P::row_states <= 4) && (P::col_states <= 4) && (P::row_values <= 4) && (P::col_values <= 4);
+
 /// Models the math of an optimizer: hyper-parameters, per-element state, per-step
-/// scalars and the `DISTOPT_HD` per-element update. Plain structs model it; no tag needed.
+/// scalars and either the `DISTOPT_HD` per-element update or the phases of a layer-wise
+/// step. Plain structs model it; no tag needed.
 template <class P>
 concept optimizer_policy = policy_declares_state<P> && policy_has_hyper_params<P> &&
-                           policy_prepares_scalars<P> && policy_updates_elements<P>;
+                           policy_prepares_scalars<P> &&
+                           (policy_updates_elements<P> || policy_is_layerwise<P>);
 
 // ---------------------------------------------------------------------------------------
 // state_storage: where optimizer state lives and how it is encoded.

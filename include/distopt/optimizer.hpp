@@ -17,14 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include "comm/axis.hpp"
 #include "comm/single.hpp"
 #include "concepts.hpp"
 #include "detail/buffer.hpp"
 #include "detail/exact_sum.hpp"
+#include "detail/fixed_sum.hpp"
+#include "detail/layer_loop.hpp"
 #include "detail/layout_check.hpp"
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "exec/cpu.hpp"
+#include "layerwise.hpp"
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
@@ -89,9 +93,10 @@ consteval bool check_optimizer_arguments() {
   static_assert(policy_prepares_scalars<Policy>,
                 "distopt::optimizer: the Policy needs a trivially copyable `scalars` and `static "
                 "scalars prepare(const hyper_params&, const step_info&)`");
-  static_assert(policy_updates_elements<Policy>,
+  static_assert(policy_updates_elements<Policy> || policy_is_layerwise<Policy>,
                 "distopt::optimizer: the Policy needs `DISTOPT_HD static void update(const "
-                "scalars&, float& param, float grad, float* state)` taking param by non-const reference");
+                "scalars&, float& param, float grad, float* state)` taking param by non-const "
+                "reference, or the phases of a layer-wise policy (see distopt/layerwise.hpp)");
   static_assert(state_storage<Storage>,
                 "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
                 "distopt::replicated<distopt::fp32>");
@@ -127,6 +132,8 @@ class optimizer {
   using grad_type = typename Precision::grad_type;
   using state_type = typename Storage::encoding;
   static constexpr bool is_sharded = Storage::is_sharded;
+  /// True for policies whose step needs per-tensor, per-row or per-column statistics.
+  static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
 
   /// Creates the buffers for `tensors`; `groups[i]` holds the hyper-parameters of the tensors
   /// registered with group i. Every tensor must be registered with the param dtype. With
@@ -180,7 +187,11 @@ class optimizer {
       staging_ = detail::buffer<float, Exec>(exec_, largest);
     }
     if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
-    for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
+    if constexpr (is_layerwise) {
+      init_layerwise();
+    } else {
+      for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
+    }
   }
 
   /// One hyper-parameter group for every tensor.
@@ -206,7 +217,13 @@ class optimizer {
   /// State slot `k` of tensor `name` (slot meaning is the policy's, e.g. adam: 0 exp_avg);
   /// replicated storage only: with sharded storage use local_state.
   std::span<const state_type> state(std::string_view name, int k) const {
-    return whole_local(states_[check_slot(k)], name, "state");
+    if constexpr (is_layerwise) {
+      check_slot(k);
+      require_whole(name, "state");
+      return layer_local_state(name, k).values;
+    } else {
+      return whole_local(states_[check_slot(k)], name, "state");
+    }
   }
   /// This rank's part of the master weights of tensor `name` (all of it when replicated).
   shard_view<const float> local_master(std::string_view name) const {
@@ -215,7 +232,23 @@ class optimizer {
   }
   /// This rank's part of state slot `k` of tensor `name` (all of it when replicated).
   shard_view<const state_type> local_state(std::string_view name, int k) const {
-    return local_view(states_[check_slot(k)], name);
+    if constexpr (is_layerwise) return layer_local_state(name, check_slot(k));
+    else return local_view(states_[check_slot(k)], name);
+  }
+  /// Layer-wise policies: row state `k` of a factored tensor (e.g. Adafactor's
+  /// exp_avg_sq_row), indexed [matrix * rows + row] over this TP rank's rows. Every DP
+  /// rank that holds part of the tensor keeps all of it; empty elsewhere and for
+  /// unfactored tensors.
+  std::span<const float> row_state(std::string_view name, int k) const
+    requires is_layerwise
+  {
+    return factor_state(name, k, Policy::row_states, true);
+  }
+  /// Layer-wise policies: column state `k` (e.g. exp_avg_sq_col), [matrix * cols + col].
+  std::span<const float> col_state(std::string_view name, int k) const
+    requires is_layerwise
+  {
+    return factor_state(name, k, Policy::col_states, false);
   }
   /// The whole flat buffers, padding included (for bulk I/O).
   std::span<param_type> params() noexcept { return params_.span(); }
@@ -229,6 +262,17 @@ class optimizer {
     if (Policy::state_slots(h) > slots_)
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": these hyper-parameters need more state than was allocated");
+    if constexpr (is_layerwise) {
+      check_group(g);
+      for (std::size_t i = 0; i < layout_.tensors().size(); ++i) {
+        if (layout_.tensors()[i].group != g) continue;
+        for (int k = 0; k < Policy::max_state_slots; ++k)
+          if (k < Policy::state_slots(h) && Policy::uses_slot(h, k, lt_[i].factored) && !((lt_[i].slot_mask >> k) & 1u))
+            throw std::invalid_argument(std::string(Policy::name) + ": these hyper-parameters need state slot " +
+                                        std::to_string(k) + " for '" + layout_.tensors()[i].name +
+                                        "', which was not allocated");
+      }
+    }
     groups_.at(check_group(g)) = std::move(h);
   }
   /// Number of hyper-parameter groups.
@@ -251,6 +295,18 @@ class optimizer {
       throw std::invalid_argument("distopt::optimizer: tp_rank must be >= 0, got " + std::to_string(tp_rank));
     model_parallel_.emplace(std::move(group));
     tp_rank_ = tp_rank;
+  }
+
+  /// Sets the tensor-parallel group: the ranks holding the other rows or columns of the
+  /// tensors registered with tp_split::rows (dim 0 split) or tp_split::cols (last dim
+  /// split). Layer-wise statistics of split tensors are summed over it, and so is the
+  /// global grad norm unless a model-parallel group was set (then that one counts; it must
+  /// contain this group). Every rank of the group must hold the same layout, with its own
+  /// part's shapes. Collective over `group`.
+  void set_tensor_parallel_group(Comm group) {
+    tp_.emplace(std::move(group));
+    if (!model_parallel_) tp_rank_ = tp_->rank();
+    if constexpr (is_layerwise) init_layerwise_geometry();
   }
 
   /// Sets every grad to zero.
@@ -336,8 +392,14 @@ class optimizer {
     }
     ++step_;
     if (uses_master() && !master_ready_) load_master_from_params();
-    if (reduces_in_fp32()) run_update<float>(grads32_.data(), static_cast<float>(coef / loss_scale()));
-    else run_update<grad_type>(grads_.data(), static_cast<float>(coef / loss_scale()));
+    const float grad_scale = static_cast<float>(coef / loss_scale());
+    if constexpr (is_layerwise) {
+      if (reduces_in_fp32()) run_layer_step<float>(grads32_.data(), grad_scale);
+      else run_layer_step<grad_type>(grads_.data(), grad_scale);
+    } else {
+      if (reduces_in_fp32()) run_update<float>(grads32_.data(), grad_scale);
+      else run_update<grad_type>(grads_.data(), grad_scale);
+    }
     if (scaler_) scaler_->update(false);
     wait_pending();  // the all-gathers the update started, bucket by bucket
     r.step = step_;
@@ -384,14 +446,34 @@ class optimizer {
     add("grads", grads_.bytes(), grads_.size(), full_used);
     add("grads fp32", grads32_.bytes(), grads32_.size(), local_used);
     add("master", master_.bytes(), master_.size(), local_used);
-    for (int k = 0; k < slots_; ++k)
-      add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
+    if constexpr (is_layerwise) {
+      // Compact slot buffers (only the tensors that keep the slot), and the factored
+      // row / column states every rank holding part of a factored tensor keeps whole.
+      for (int k = 0; k < slots_; ++k)
+        if (states_[k].bytes() != 0) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
+      std::size_t rows = 0, cols = 0, stats = 0;
+      for (const auto& t : lt_) {
+        rows += t.row_state.size() * sizeof(float);
+        cols += t.col_state.size() * sizeof(float);
+        stats += (t.row_values.size() + t.col_values.size() + t.values.size()) * sizeof(float);
+      }
+      if (rows) r.entries.push_back({"state rows", rows});
+      if (cols) r.entries.push_back({"state cols", cols});
+      r.entries.push_back({"statistics", stats});
+    } else {
+      for (int k = 0; k < slots_; ++k)
+        add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
+    }
     r.entries.push_back({"padding", padding});
     r.entries.push_back({"comm buffers", staging_.bytes()});
     return r;
   }
   /// The same as memory().
   distopt::memory_report memory_report() const { return memory(); }
+
+  /// Layer-wise policies: bytes of statistics this rank has put into all-reduces so far
+  /// (over DP and TP; what each collective then sends is the communicator's bytes_sent).
+  std::size_t statistics_bytes() const noexcept { return stat_bytes_; }
 
  private:
   /// Elements per work item: a multiple of every block size, large enough to amortise a
@@ -528,6 +610,7 @@ class optimizer {
     total.to_wire(wire);
     if (is_sharded && comm_.size() > 1) comm_.all_reduce(std::span<double>(wire), reduce_op::sum);
     if (model_parallel_) model_parallel_->all_reduce(std::span<double>(wire), reduce_op::sum);
+    else if (tp_) tp_->all_reduce(std::span<double>(wire), reduce_op::sum);
     return std::sqrt(detail::exact_sum::from_wire(wire).value());
   }
 
@@ -537,7 +620,7 @@ class optimizer {
   detail::exact_sum local_squares(const G* base, double inv) {
     const auto& pieces = plan_.pieces();
     const bool local = std::is_same_v<G, float> && reduces_in_fp32();
-    const bool skip_replicated = model_parallel_ && tp_rank_ != 0;
+    const bool skip_replicated = (model_parallel_ || tp_) && tp_rank_ != 0;
     const std::size_t per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
     const std::size_t items = (pieces.size() + per - 1) / per;
     std::vector<detail::exact_sum> acc(items);
@@ -613,6 +696,430 @@ class optimizer {
     else run_mode<mode_for(false)>(sc, grads, grad_scale, key, active);
   }
 
+  // ---------------------------------------------------------------------------------
+  // Layer-wise policies: statistics per tensor, row and column, summed exactly.
+  // ---------------------------------------------------------------------------------
+
+  /// One tensor of the layout as the layer-wise step sees it.
+  struct layer_tensor {
+    bool local = false;       // this rank holds part of it
+    bool factored = false;
+    bool straddles = false;   // its elements lie in more than one DP rank's shard
+    bool tp_split = false;    // split over the TP group (any axis)
+    bool tp_rows = false;     // its matrices' rows are split over TP (column sums need TP)
+    bool tp_cols = false;     // its matrices' columns are split over TP (row sums need TP)
+    unsigned slot_mask = 0;   // state slots kept for it
+    std::size_t matrices = 1, rows = 0, cols = 0;  // local geometry of a factored tensor
+    std::size_t first_piece = 0, end_piece = 0;
+    std::vector<float> row_state, col_state, row_values, col_values, values;
+    std::vector<detail::fixed_sum> tsum, rsum, csum;  // this phase, merged over items
+    std::vector<double> tsum_d, rsum_d, csum_d, totals;
+    tensor_stats view;
+  };
+  /// A run of one tensor's pieces, with its own accumulators (merged exactly afterwards).
+  struct layer_item {
+    std::size_t tensor = 0, piece_begin = 0, piece_end = 0;
+    std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
+    std::vector<detail::fixed_sum> tsum, rsum, csum;
+  };
+
+  static constexpr int layer_phases() {
+    if constexpr (policy_is_layerwise<Policy>) return static_cast<int>(Policy::phases.size());
+    else return 0;
+  }
+
+  /// Allocates the compact state slots, the factored states and the work items.
+  void init_layerwise() {
+    const auto tensors = layout_.tensors();
+    lt_.assign(tensors.size(), layer_tensor{});
+    const auto& pieces = plan_.pieces();
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      layer_tensor& t = lt_[pieces[c].tensor];
+      if (!t.local) t.first_piece = c;
+      t.local = true;
+      t.end_piece = c + 1;
+    }
+    for (const detail::shard_bucket& b : plan_.buckets())
+      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+        const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
+        lt_[i].straddles = lo / b.shard_elems != hi / b.shard_elems;
+      }
+    // Compact slot buffers: slot k holds the pieces of the tensors that keep it.
+    slot_offset_.assign(pieces.size(), {});
+    std::array<std::size_t, 4> size{};
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const hyper_params& h = groups_[static_cast<std::size_t>(tensors[i].group)];
+      lt_[i].factored = Policy::factored(h, tensors[i].shape);
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        if (k < slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
+    }
+    for (std::size_t c = 0; c < pieces.size(); ++c)
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        if ((lt_[pieces[c].tensor].slot_mask >> k) & 1u) {
+          slot_offset_[c][static_cast<std::size_t>(k)] = size[static_cast<std::size_t>(k)];
+          size[static_cast<std::size_t>(k)] += pieces[c].count;
+        }
+    for (int k = 0; k < slots_; ++k)
+      states_[k] = detail::buffer<state_type, Exec>(exec_, size[static_cast<std::size_t>(k)]);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const auto& shape = tensors[i].shape;
+      if (t.factored) {
+        t.cols = static_cast<std::size_t>(shape.back());
+        t.rows = static_cast<std::size_t>(shape[shape.size() - 2]);
+        t.matrices = tensors[i].numel / (t.rows * t.cols);
+      }
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      t.row_state.assign(static_cast<std::size_t>(Policy::row_states) * r, 0.0f);
+      t.col_state.assign(static_cast<std::size_t>(Policy::col_states) * c, 0.0f);
+      t.row_values.assign(static_cast<std::size_t>(Policy::row_values) * r, 0.0f);
+      t.col_values.assign(static_cast<std::size_t>(Policy::col_values) * c, 0.0f);
+      t.values.assign(static_cast<std::size_t>(Policy::tensor_values), 0.0f);
+      t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
+      // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
+      const std::size_t n = t.end_piece - t.first_piece;
+      const std::size_t per_item = std::max<std::size_t>(1, (n + 2 * exec_.concurrency() - 1) / (2 * exec_.concurrency()));
+      for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
+        layer_item it;
+        it.tensor = i;
+        it.piece_begin = a;
+        it.piece_end = std::min(t.end_piece, a + per_item);
+        if (t.factored) {
+          const std::size_t first = pieces[a].layout - tensors[i].offset;
+          const auto& last_piece = pieces[it.piece_end - 1];
+          const std::size_t last = last_piece.layout + last_piece.count - 1 - tensors[i].offset;
+          it.row_first = first / t.cols;
+          it.row_count = last / t.cols - it.row_first + 1;
+          it.col_first = first / (t.rows * t.cols) * t.cols;
+          it.col_count = (last / (t.rows * t.cols) + 1) * t.cols - it.col_first;
+        }
+        items_.push_back(std::move(it));
+      }
+    }
+    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
+    bucket_items_.assign(plan_.buckets().size() + 1, items_.size());
+    for (std::size_t k = plan_.buckets().size(); k-- > 0;)
+      for (std::size_t j = items_.size(); j-- > 0;)
+        if (items_[j].tensor >= plan_.buckets()[k].first_tensor && items_[j].tensor < plan_.buckets()[k].end_tensor)
+          bucket_items_[k] = j;
+    for (std::size_t k = plan_.buckets().size(); k-- > 0;)
+      bucket_items_[k] = std::min(bucket_items_[k], bucket_items_[k + 1]);
+    init_layerwise_geometry();
+  }
+
+  /// The global counts and TP axes of each tensor (again when a TP group is set).
+  void init_layerwise_geometry() {
+    const auto tensors = layout_.tensors();
+    const std::size_t tp = tp_ ? static_cast<std::size_t>(tp_->size()) : 1;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      const tp_split split = tensors[i].tp;
+      t.tp_split = tp > 1 && split != tp_split::none;
+      t.tp_rows = t.tp_split && t.factored && split == tp_split::rows && tensors[i].shape.size() == 2;
+      t.tp_cols = t.tp_split && t.factored && split == tp_split::cols;
+      tensor_stats& v = t.view;
+      v.factored = t.factored;
+      v.numel = tensors[i].numel * (t.tp_split ? tp : 1);
+      v.matrices = t.matrices;
+      v.local_rows = t.rows;
+      v.local_cols = t.cols;
+      v.rows = t.rows * (t.tp_rows ? tp : 1);
+      v.cols = t.cols * (t.tp_cols ? tp : 1);
+      v.group = tensors[i].group;
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      for (int k = 0; k < Policy::row_states; ++k)
+        v.row_state[k] = std::span<float>(t.row_state).subspan(static_cast<std::size_t>(k) * r, r);
+      for (int k = 0; k < Policy::col_states; ++k)
+        v.col_state[k] = std::span<float>(t.col_state).subspan(static_cast<std::size_t>(k) * c, c);
+      for (int k = 0; k < Policy::row_values; ++k)
+        v.row_values[k] = std::span<float>(t.row_values).subspan(static_cast<std::size_t>(k) * r, r);
+      for (int k = 0; k < Policy::col_values; ++k)
+        v.col_values[k] = std::span<float>(t.col_values).subspan(static_cast<std::size_t>(k) * c, c);
+      for (int k = 0; k < Policy::row_states; ++k)
+        v.row_state_total[k] = std::span<const double>(t.totals).subspan(static_cast<std::size_t>(k) * t.matrices, t.matrices);
+      v.values = t.values;
+    }
+  }
+
+  shard_view<const state_type> layer_local_state(std::string_view name, int k) const {
+    const std::size_t i = index_of(name);
+    const layer_tensor& t = lt_[i];
+    if (!t.local || !((t.slot_mask >> k) & 1u)) return {};
+    const auto& pieces = plan_.pieces();
+    std::size_t n = 0;
+    for (std::size_t c = t.first_piece; c < t.end_piece; ++c) n += pieces[c].count;
+    return {std::span<const state_type>(states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], n),
+            pieces[t.first_piece].layout - layout_.tensors()[i].offset};
+  }
+
+  std::span<const float> factor_state(std::string_view name, int k, int count, bool rows) const {
+    if (k < 0 || k >= count)
+      throw std::out_of_range(std::string(Policy::name) + ": " + (rows ? "row" : "column") + " state " +
+                              std::to_string(k) + " does not exist (" + std::to_string(count) + ")");
+    const layer_tensor& t = lt_[index_of(name)];
+    return rows ? std::span<const float>(t.view.row_state[k]) : std::span<const float>(t.view.col_state[k]);
+  }
+
+  void require_whole(std::string_view name, const char* what) const {
+    if (is_sharded && comm_.size() > 1)
+      throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " +
+                             std::string(what) + " of '" + std::string(name) + "'; use local_" + what);
+  }
+
+  template <class G>
+  void run_layer_step(const G* grads, float grad_scale) {
+    wait_pending();  // every bucket's reduction: phase 0 reads all of them
+    std::vector<typename Policy::scalars> sc;
+    for (std::size_t g = 0; g < groups_.size(); ++g) sc.push_back(Policy::prepare(groups_[g], step_info{step_, step_ == 1}));
+    const std::uint64_t key = detail::splitmix64_finalise(
+        options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)));
+    [&]<int... P>(std::integer_sequence<int, P...>) {
+      ((uses_master() ? layer_phase<P, mode_for(true)>(sc, grads, grad_scale, key)
+                      : layer_phase<P, mode_for(false)>(sc, grads, grad_scale, key)),
+       ...);
+    }(std::make_integer_sequence<int, layer_phases()>{});
+  }
+
+  template <int P, detail::param_mode Mode, class G>
+  void run_item(const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
+                layer_item& it) {
+    const layer_tensor& t = lt_[it.tensor];
+    const tensor_slot& ts = layout_.tensors()[it.tensor];
+    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
+    const auto& pieces = plan_.pieces();
+    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
+      const detail::shard_piece& pc = pieces[c];
+      detail::layer_args<param_type, G, state_type> a{};
+      a.param = params_.data() + pc.buffer;
+      a.grad = grads + (local ? pc.local : pc.buffer);
+      a.master = uses_master() ? master_.data() + pc.local : nullptr;
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        a.state[k] = ((t.slot_mask >> k) & 1u) ? states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : nullptr;
+      a.grad_scale = grad_scale;
+      a.random_key = key;
+      a.random_base = pc.layout;
+      a.first = pc.layout - ts.offset;
+      a.cols = t.cols;
+      a.matrix = t.rows * t.cols;
+      a.block = layout_.block_size();
+      a.tensor_values = t.values.data();
+      for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = t.view.row_values[k].data();
+      for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = t.view.col_values[k].data();
+      a.tensor_sums = it.tsum.data();
+      a.row_sums = it.rsum.data();
+      a.col_sums = it.csum.data();
+      a.row_first = it.row_first;
+      a.row_count = it.row_count;
+      a.col_first = it.col_first;
+      a.col_count = it.col_count;
+      if (t.factored) detail::layer_range<Policy, P, true, Mode>(sc, a, pc.count);
+      else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
+    }
+  }
+
+  /// One phase: the element pass over this rank's pieces, the exact sums merged over
+  /// items, reduced over the DP ranks sharing each tensor and over the TP group, then
+  /// the policy's host hooks for every tensor this rank holds part of.
+  template <int P, detail::param_mode Mode, class G>
+  void layer_phase(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
+                   std::uint64_t key) {
+    constexpr phase_spec spec = Policy::phases[P];
+    constexpr bool last = P + 1 == layer_phases();
+    for (layer_item& it : items_) {
+      const bool f = lt_[it.tensor].factored;
+      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
+      it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
+    }
+    const auto run = [&](std::size_t begin, std::size_t end) {
+      exec_.parallel_for(end - begin, [&](std::size_t j) {
+        layer_item& it = items_[begin + j];
+        run_item<P, Mode>(sc[static_cast<std::size_t>(layout_.tensors()[it.tensor].group)], grads, grad_scale, key, it);
+      });
+    };
+    if constexpr (last) {
+      for (std::size_t k = 0; k < plan_.buckets().size(); ++k) {
+        run(bucket_items_[k], bucket_items_[k + 1]);
+        if (options_.gather_params) start_gather(k, true);
+      }
+    } else {
+      run(0, items_.size());
+    }
+    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>();
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const auto& h = groups_[static_cast<std::size_t>(layout_.tensors()[i].group)];
+      const auto& s = sc[static_cast<std::size_t>(layout_.tensors()[i].group)];
+      if constexpr (requires { Policy::template update_factors<P>(h, s, t.view); })
+        Policy::template update_factors<P>(h, s, t.view);
+    }
+    if constexpr (spec.row_state_totals && Policy::row_states > 0) row_state_totals();
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const std::size_t g = static_cast<std::size_t>(layout_.tensors()[i].group);
+      Policy::template finish<P>(groups_[g], sc[g], t.view);
+    }
+  }
+
+  /// Merges the items' sums per tensor, all-reduces them (DP: the tensors cut over ranks;
+  /// TP: the split tensors, along the split axis only) and converts them to double.
+  template <int P>
+  void reduce_layer_sums() {
+    constexpr phase_spec spec = Policy::phases[P];
+    constexpr std::size_t W = detail::fixed_sum::wire_size;
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      t.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0, {});
+      t.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0, {});
+    }
+    for (const layer_item& it : items_) {
+      layer_tensor& t = lt_[it.tensor];
+      for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
+        for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
+      for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
+        for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
+    }
+    // Which sums travel where: the same list, in layout order, on every rank of the group.
+    const auto pack = [&](auto& wire, auto&& select, bool write) {
+      std::size_t n = 0;
+      const auto visit = [&](std::vector<detail::fixed_sum>& v) {
+        for (detail::fixed_sum& f : v) {
+          if (write == true && wire.values.size() >= (n + 1) * W) f.to_wire(wire.values.data() + n * W);
+          ++n;
+        }
+      };
+      for (std::size_t i = 0; i < lt_.size(); ++i) {
+        layer_tensor& t = lt_[i];
+        bool tensor = false, rows = false, cols = false;
+        select(t, tensor, rows, cols);
+        if (tensor) visit(t.tsum);
+        if (rows) visit(t.rsum);
+        if (cols) visit(t.csum);
+      }
+      return n;
+    };
+    const auto unpack = [&](auto& wire, auto&& select) {
+      std::size_t n = 0;
+      const auto visit = [&](std::vector<detail::fixed_sum>& v) {
+        for (detail::fixed_sum& f : v) f = detail::fixed_sum::from_wire(wire.values.data() + W * n++);
+      };
+      for (std::size_t i = 0; i < lt_.size(); ++i) {
+        layer_tensor& t = lt_[i];
+        bool tensor = false, rows = false, cols = false;
+        select(t, tensor, rows, cols);
+        if (tensor) visit(t.tsum);
+        if (rows) visit(t.rsum);
+        if (cols) visit(t.csum);
+      }
+    };
+    // DP: tensors whose elements several ranks hold. Every rank packs every such tensor
+    // (zeros where it holds none), so the lists agree; sizes come from the layout.
+    if (is_sharded && comm_.size() > 1) {
+      const auto dp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
+        tensor = rows = cols = t.straddles;
+      };
+      ensure_sizes_for_wire<P>();
+      stat_wire<dp_axis> wire;
+      wire.values.assign(pack(wire, dp_select, false) * W, 0.0);
+      pack(wire, dp_select, true);
+      axis_group<Comm, dp_axis> dp{&comm_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(dp, wire);
+      unpack(wire, dp_select);
+    }
+    if (tp_ && tp_->size() > 1) {
+      const auto tp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
+        tensor = t.tp_split;
+        rows = t.tp_cols;  // a row sums over columns, which the TP ranks split
+        cols = t.tp_rows;
+      };
+      stat_wire<tp_axis> wire;
+      wire.values.assign(pack(wire, tp_select, false) * W, 0.0);
+      pack(wire, tp_select, true);
+      axis_group<Comm, tp_axis> tp{&*tp_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(tp, wire);
+      unpack(wire, tp_select);
+    }
+    for (layer_tensor& t : lt_) {
+      if (!t.local) continue;
+      const auto convert = [](const std::vector<detail::fixed_sum>& in, std::vector<double>& out) {
+        out.resize(in.size());
+        for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
+      };
+      convert(t.tsum, t.tsum_d);
+      convert(t.rsum, t.rsum_d);
+      convert(t.csum, t.csum_d);
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      t.view.sums = t.tsum_d;
+      for (int k = 0; k < 4; ++k) {
+        t.view.row_sums[k] = k < spec.row_sums && t.factored ? std::span<const double>(t.rsum_d).subspan(k * r, r) : std::span<const double>();
+        t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
+      }
+    }
+  }
+
+  /// Non-local tensors still take part in the DP wire with zeros: give them the right
+  /// number of (empty) sums. Their geometry comes from the layout alone.
+  template <int P>
+  void ensure_sizes_for_wire() {
+    constexpr phase_spec spec = Policy::phases[P];
+    const auto tensors = layout_.tensors();
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (t.local || !t.straddles) continue;
+      std::size_t matrices = 1, rows = 0, cols = 0;
+      if (t.factored) {
+        const auto& shape = tensors[i].shape;
+        cols = static_cast<std::size_t>(shape.back());
+        rows = static_cast<std::size_t>(shape[shape.size() - 2]);
+        matrices = tensors[i].numel / (rows * cols);
+      }
+      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      t.rsum.assign(static_cast<std::size_t>(spec.row_sums) * matrices * rows, {});
+      t.csum.assign(static_cast<std::size_t>(spec.col_sums) * matrices * cols, {});
+    }
+  }
+
+  /// Per matrix, the exact sum over its rows of every row state, over the TP group when
+  /// the rows are split.
+  void row_state_totals() {
+    constexpr std::size_t W = detail::fixed_sum::wire_size;
+    std::vector<std::vector<detail::fixed_sum>> sums(lt_.size());
+    stat_wire<tp_axis> wire;
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local || !t.factored) continue;
+      sums[i].assign(static_cast<std::size_t>(Policy::row_states) * t.matrices, {});
+      for (int k = 0; k < Policy::row_states; ++k)
+        for (std::size_t b = 0; b < t.matrices; ++b)
+          for (std::size_t r = 0; r < t.rows; ++r)
+            sums[i][static_cast<std::size_t>(k) * t.matrices + b].add(t.view.row_state[k][b * t.rows + r]);
+      if (t.tp_rows)
+        for (const detail::fixed_sum& f : sums[i]) {
+          wire.values.resize(wire.values.size() + W);
+          f.to_wire(wire.values.data() + wire.values.size() - W);
+        }
+    }
+    if (tp_ && !wire.values.empty()) {
+      axis_group<Comm, tp_axis> tp{&*tp_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(tp, wire);
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < lt_.size(); ++i)
+        if (lt_[i].local && lt_[i].tp_rows)
+          for (detail::fixed_sum& f : sums[i]) f = detail::fixed_sum::from_wire(wire.values.data() + W * n++);
+    }
+    for (std::size_t i = 0; i < lt_.size(); ++i)
+      for (std::size_t k = 0; k < sums[i].size(); ++k) lt_[i].totals[k] = sums[i][k].value();
+  }
+
   layout layout_;
   std::vector<hyper_params> groups_;
   optimizer_options options_;
@@ -635,6 +1142,13 @@ class optimizer {
   bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
+  std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
+  // Layer-wise policies only.
+  std::vector<layer_tensor> lt_;
+  std::vector<layer_item> items_;
+  std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
+  std::vector<std::array<std::size_t, 4>> slot_offset_;   // per piece: offset in each compact slot buffer
+  std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
 };
 
 }  // namespace distopt

@@ -6,6 +6,7 @@
 /// command-line tools and checkpoints.
 
 #include <array>
+#include <optional>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -30,6 +31,9 @@ inline bool parse_double(std::string_view text, double& out) {
 }
 
 template <class M>
+inline constexpr bool is_optional_double = std::is_same_v<M, std::optional<double>>;
+
+template <class M>
 bool parse_into(std::string_view text, M& out) {
   if constexpr (std::is_same_v<M, bool>) {
     if (text == "true" || text == "True" || text == "1") return out = true, true;
@@ -37,6 +41,11 @@ bool parse_into(std::string_view text, M& out) {
     return false;
   } else if constexpr (std::is_same_v<M, double>) {
     return parse_double(text, out);
+  } else if constexpr (is_optional_double<M>) {  // None (as Python spells it) or a number
+    if (text == "None" || text == "none" || text == "null") return out.reset(), true;
+    double v = 0.0;
+    if (!parse_double(text, v)) return false;
+    return out = v, true;
   } else if constexpr (std::is_integral_v<M>) {
     auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
     return ec == std::errc{} && p == text.data() + text.size();
@@ -67,6 +76,7 @@ template <class M>
 std::string expected_form() {
   if constexpr (std::is_same_v<M, bool>) return "true or false";
   else if constexpr (std::is_same_v<M, double>) return "a number";
+  else if constexpr (is_optional_double<M>) return "a number or None";
   else if constexpr (std::is_integral_v<M>) return "an integer";
   else return std::to_string(std::tuple_size_v<M>) + " comma-separated numbers";
 }
@@ -75,6 +85,7 @@ template <class M>
 std::string value_string(const M& v) {
   if constexpr (std::is_same_v<M, bool>) return v ? "true" : "false";
   else if constexpr (std::is_same_v<M, double>) return format_number(v);
+  else if constexpr (is_optional_double<M>) return v ? format_number(*v) : std::string("None");
   else if constexpr (std::is_integral_v<M>) return std::to_string(v);
   else {
     std::string s;

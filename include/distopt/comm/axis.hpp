@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file Communicators named by the axis of the parallel grid they span, and statistics
+/// buffers named by the axis they must be reduced over. Reducing a tensor-parallel
+/// statistic over the data-parallel group (or the reverse) does not compile:
+///
+///     axis_group<Comm, dp_axis> dp{&comm};
+///     stat_wire<tp_axis> w(n);
+///     all_reduce_stats(dp, w);   // error: no matching function
+///
+/// Both collectives would run and return plausible numbers; only the types can tell them apart.
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "../concepts.hpp"
+
+namespace distopt {
+
+/// The data-parallel axis: ranks holding the same model part, each with a shard of the state.
+struct dp_axis {
+  static constexpr std::string_view name = "data-parallel";
+};
+/// The tensor-parallel axis: ranks holding different rows or columns of the same tensors.
+struct tp_axis {
+  static constexpr std::string_view name = "tensor-parallel";
+};
+
+/// A communicator spanning one axis of the grid (not owned).
+template <communicator Comm, class Axis>
+struct axis_group {
+  using axis = Axis;
+  Comm* comm = nullptr;
+  int rank() const { return comm->rank(); }
+  int size() const { return comm->size(); }
+};
+
+/// Doubles to be summed over the ranks of axis `Axis`, and over no other.
+template <class Axis>
+struct stat_wire {
+  using axis = Axis;
+  std::vector<double> values;
+  std::span<double> span() noexcept { return values; }
+};
+
+/// Sums `w` element-wise over the ranks of `g` (the axes must agree). A no-op on one rank.
+template <communicator Comm, class Axis>
+void all_reduce_stats(axis_group<Comm, Axis>& g, stat_wire<Axis>& w) {
+  if (g.size() > 1 && !w.values.empty()) g.comm->all_reduce(w.span(), reduce_op::sum);
+}
+
+}  // namespace distopt
