@@ -39,6 +39,7 @@ struct config {
   int batch_size = 128;
   int threads = -1;       // per rank; -1: not given (2 threads per process, split over its ranks)
   int ranks = 0;          // --ranks; 0: not given (one rank, or the MPI world size)
+  int tp = 1;             // --tp: tensor-parallel ranks per data-parallel rank (threads only)
   std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;
@@ -79,6 +80,9 @@ history train_sgd(const config&);
 history train_adam(const config&);
 history train_adamw(const config&);
 history train_lion(const config&);
+history train_lamb(const config&);
+history train_adafactor(const config&);
+history train_came(const config&);
 
 /// Fails early (usage_error naming the package) when gnuplot is not on PATH.
 void require_gnuplot();

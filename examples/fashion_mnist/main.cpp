@@ -30,17 +30,21 @@ namespace {
 constexpr int max_ranks = 256;
 
 constexpr const char* usage_text =
-    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion] [--set KEY=VALUE]...\n"
+    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came]\n"
+    "                             [--set KEY=VALUE]...\n"
     "                             [--epochs N] [--batch-size N] [--hidden W1,W2,...]\n"
     "                             [--param-dtype fp32|bf16] [--threads N] [--seed N]\n"
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
-    "                             [--ranks N] [--comm threads|mpi]\n"
+    "                             [--ranks N] [--tp T] [--comm threads|mpi]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
-    "  --optimizer     default adamw; hyper-parameters by PyTorch's argument names, tuples as\n"
-    "                  comma lists (--set betas=0.9,0.95). Defaults are PyTorch's (lion:\n"
-    "                  lion-pytorch's, lr=1e-4) except sgd: lr=0.05 momentum=0.9. Biases get\n"
-    "                  weight_decay=0.\n"
+    "  --optimizer     default adamw; hyper-parameters by the reference's argument names,\n"
+    "                  tuples as comma lists (--set betas=0.9,0.95), None as none. Defaults\n"
+    "                  are the reference's (PyTorch; lion: lion-pytorch's, lr=1e-4; lamb:\n"
+    "                  torch-optimizer's; adafactor: transformers', lr=None with its relative\n"
+    "                  step size: --set relative_step=false --set lr=X for a fixed lr; came:\n"
+    "                  came-pytorch's) except sgd: lr=0.05 momentum=0.9; lamb: lr=1e-2\n"
+    "                  weight_decay=0.01; came: lr=1e-3. Biases get weight_decay=0.\n"
     "  --epochs        default 10             --batch-size  default 128\n"
     "  --hidden        hidden widths, default 512,256\n"
     "  --param-dtype   fp32 (default) or bf16 with fp32 master weights\n"
@@ -60,6 +64,13 @@ constexpr const char* usage_text =
     "                  sample more) and the optimizer state is sharded over the ranks; the\n"
     "                  summed gradient is the batch's mean, as with one rank. Results are\n"
     "                  the same from run to run for a given N, not between different N\n"
+    "  --tp            tensor-parallel ranks per data-parallel rank, as threads, default 1\n"
+    "                  (Megatron's MLP: layers alternately column-parallel, weight rows and\n"
+    "                  bias split, and row-parallel, weight columns split and outputs summed\n"
+    "                  over the T ranks; the output layer row-parallel, its bias whole). Every\n"
+    "                  hidden width must divide by T; --ranks N --tp T runs N x T threads.\n"
+    "                  Starts from the same weights as --tp 1 and trains the same up to the\n"
+    "                  rounding of the split sums. Not with --comm mpi\n"
     "  --comm          threads (default) or mpi: one rank per MPI process, started with\n"
     "                  mpirun -np N distopt-fashion-mnist --comm mpi (--ranks, if given, must\n"
     "                  be N); rank 0 prints and writes --log and --plot\n";
@@ -142,6 +153,10 @@ fmnist::config parse_args(int argc, char** argv) {
       cfg.ranks = parse_number<int>(a, value(), 1);
       if (cfg.ranks > max_ranks)
         throw usage_error("--ranks: must be at most " + std::to_string(max_ranks) + ", got " + std::to_string(cfg.ranks));
+    } else if (a == "--tp") {
+      cfg.tp = parse_number<int>(a, value(), 1);
+      if (cfg.tp > max_ranks)
+        throw usage_error("--tp: must be at most " + std::to_string(max_ranks) + ", got " + std::to_string(cfg.tp));
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -155,6 +170,19 @@ fmnist::config parse_args(int argc, char** argv) {
       throw usage_error(std::string(a) + ": not supported yet (planned in a later release)");
     else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
+  }
+  if (cfg.tp > 1) {
+    if (cfg.comm == "mpi")
+      throw usage_error("--tp " + std::to_string(cfg.tp) +
+                        ": tensor parallelism runs its ranks as threads only, not with --comm mpi");
+    if (std::max(cfg.ranks, 1) * cfg.tp > max_ranks)
+      throw usage_error("--ranks x --tp: at most " + std::to_string(max_ranks) + " ranks in all, got " +
+                        std::to_string(std::max(cfg.ranks, 1) * cfg.tp));
+    for (int w : cfg.hidden)
+      if (w % cfg.tp != 0)
+        throw usage_error("--tp " + std::to_string(cfg.tp) + ": hidden width " + std::to_string(w) +
+                          " does not divide by " + std::to_string(cfg.tp) +
+                          " (each tensor-parallel rank holds 1/T of every hidden layer's units)");
   }
   return cfg;
 }
@@ -194,11 +222,14 @@ int main(int argc, char** argv) {
     else if (cfg.optimizer == "adam") train = fmnist::train_adam;
     else if (cfg.optimizer == "adamw") train = fmnist::train_adamw;
     else if (cfg.optimizer == "lion") train = fmnist::train_lion;
+    else if (cfg.optimizer == "lamb") train = fmnist::train_lamb;
+    else if (cfg.optimizer == "adafactor") train = fmnist::train_adafactor;
+    else if (cfg.optimizer == "came") train = fmnist::train_came;
     else
       throw fmnist::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw or lion)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor or came)");
 
-    int ranks = std::max(cfg.ranks, 1), ranks_here = ranks;
+    int ranks = std::max(cfg.ranks, 1), ranks_here = ranks * cfg.tp;
 #ifdef DISTOPT_FASHION_MNIST_MPI
     if (cfg.comm == "mpi") {
       session.emplace(argc, argv);
@@ -235,6 +266,7 @@ int main(int argc, char** argv) {
     if (writer && !cfg.plot_path.empty()) {
       std::string title = "Fashion-MNIST MLP, distopt " + cfg.optimizer + " (" + cfg.param_dtype + " params";
       if (ranks > 1) title += ", " + std::to_string(ranks) + " ranks";
+      if (cfg.tp > 1) title += ", TP " + std::to_string(cfg.tp);
       fmnist::write_plot(cfg.plot_path, title + ")", h);
       std::cout << "plot: " << cfg.plot_path << "\n";
     }

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -36,13 +37,21 @@
 
 namespace fmnist {
 
-/// The reference's defaults, except where they do not train this model: torch.optim.SGD's
-/// lr=1e-3 without momentum barely moves in ten epochs.
+/// The reference's defaults, except where they do not train this model well:
+/// torch.optim.SGD's lr=1e-3 without momentum barely moves in ten epochs; Lamb gets the
+/// lr and weight decay of its usual recipes (torch-optimizer's lr=1e-3 without weight decay
+/// trains slowly here); CAME, which has no default lr in came-pytorch (ours is the paper's
+/// 2e-4), gets 1e-3. Adafactor keeps transformers' relative step size.
 template <class Policy>
 void apply_example_defaults(typename Policy::hyper_params& h) {
   if constexpr (std::is_same_v<Policy, distopt::sgd>) {
     h.lr = 0.05;
     h.momentum = 0.9;
+  } else if constexpr (std::is_same_v<Policy, distopt::lamb>) {
+    h.lr = 1e-2;
+    h.weight_decay = 0.01;
+  } else if constexpr (std::is_same_v<Policy, distopt::came>) {
+    h.lr = 1e-3;
   }
 }
 
@@ -106,14 +115,23 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
 /// mean gradient as with one rank, up to the order of the additions. It then updates its
 /// shard of the state and all-gathers the params, which every rank's BLAS reads in place.
 /// Every rank returns the same history.
+///
+/// With tensor parallelism (--tp T, ranks as threads only) `comm` is the data-parallel group
+/// and `tp_opt` and `tp_model` two communicators over the same tensor-parallel group (the
+/// optimizer keeps one, the model's forward and backward use the other): every layer is split
+/// over it as mlp.hpp describes, each TP rank registering and updating its parts only. The
+/// TP ranks of one data-parallel rank take the same rows of every batch; rank 0 of both
+/// groups prints and writes the log.
 template <class Policy, class Param, class Storage, class Comm>
-history train_rank(const config& cfg, const prepared<Policy>& in, std::string_view comm_name, Comm comm) {
+history train_rank(const config& cfg, const prepared<Policy>& in, std::string_view comm_name, Comm comm,
+                   std::optional<Comm> tp_opt = std::nullopt, std::optional<Comm> tp_model = std::nullopt) {
   using clock = std::chrono::steady_clock;
   using seconds = std::chrono::duration<double>;
   constexpr bool fp32_params = std::is_same_v<Param, float>;
   constexpr bool distributed = !std::is_same_v<Comm, distopt::single>;
   const int rank = comm.rank(), ranks = comm.size();
-  const bool writer = rank == 0;
+  const int tp_rank = tp_model ? tp_model->rank() : 0, tp_size = tp_model ? tp_model->size() : 1;
+  const bool writer = rank == 0 && tp_rank == 0;
   const dataset& data = in.data;
 
   std::vector<int> sizes{static_cast<int>(data.pixels)};
@@ -121,20 +139,39 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   sizes.push_back(10);
   const int layer_count = static_cast<int>(sizes.size()) - 1;
 
+  // Each tensor's TP split (none without --tp) and this TP rank's part of its shape.
   distopt::layout tensors;
   std::vector<std::string> names;  // fc1.weight, fc1.bias, fc2.weight, ...
+  std::vector<distopt::tp_split> splits;
+  std::size_t whole_params = 0;  // of the whole model, over every TP rank's parts
   for (int l = 0; l < layer_count; ++l) {
     const std::string fc = "fc" + std::to_string(l + 1);
-    tensors.add(fc + ".weight", {sizes[l + 1], sizes[l]}, distopt::dtype_of<Param>, 0);
-    tensors.add(fc + ".bias", {sizes[l + 1]}, distopt::dtype_of<Param>, 1);
+    const layer_split split = mlp::split_of(l, layer_count, tp_size);
+    const std::int64_t m = sizes[l + 1], k = sizes[l], t = tp_size;
+    if (split == layer_split::column) {  // rows of the weight and the bias
+      tensors.add(fc + ".weight", {m / t, k}, distopt::dtype_of<Param>, 0, distopt::tp_split::rows);
+      tensors.add(fc + ".bias", {m / t}, distopt::dtype_of<Param>, 1, distopt::tp_split::rows);
+      splits.insert(splits.end(), {distopt::tp_split::rows, distopt::tp_split::rows});
+    } else if (split == layer_split::row) {  // columns of the weight; the bias whole
+      tensors.add(fc + ".weight", {m, k / t}, distopt::dtype_of<Param>, 0, distopt::tp_split::cols);
+      tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1, distopt::tp_split::none);
+      splits.insert(splits.end(), {distopt::tp_split::cols, distopt::tp_split::none});
+    } else {
+      tensors.add(fc + ".weight", {m, k}, distopt::dtype_of<Param>, 0);
+      tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1);
+      splits.insert(splits.end(), {distopt::tp_split::none, distopt::tp_split::none});
+    }
     names.push_back(fc + ".weight");
     names.push_back(fc + ".bias");
+    whole_params += static_cast<std::size_t>(m * k + m);
   }
   distopt::optimizer_options options;
   options.seed = cfg.seed;
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
   distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, float>> opt(
       std::move(tensors), {in.decay, in.no_decay}, options, distopt::cpu(cfg.threads), std::move(comm));
+  if constexpr (std::is_same_v<Comm, distopt::threads>)
+    if (tp_opt) opt.set_tensor_parallel_group(std::move(*tp_opt));
   // The sum of one number over the ranks (a loss, a count of correct answers).
   auto sum_over_ranks = [&opt](double x) {
     if constexpr (distributed) {
@@ -148,13 +185,28 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 
   // torch.nn.Linear's initialisation: kaiming_uniform_(a=sqrt(5)) on the weight and the
   // bias bound both come to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Every rank draws the same
-  // values (and, below, the same shuffles) from its own generator with the same seed.
+  // values (and, below, the same shuffles) from its own generator with the same seed: the
+  // whole tensors, of which each TP rank keeps its part, so that --tp T starts from the
+  // same model as one rank.
   std::mt19937 rng(static_cast<std::mt19937::result_type>(cfg.seed));
+  std::vector<float> whole;
   for (int l = 0; l < layer_count; ++l) {
     const float bound = 1.0f / std::sqrt(static_cast<float>(sizes[l]));
     std::uniform_real_distribution<float> uniform(-bound, bound);
-    for (int t = 0; t < 2; ++t)
-      for (auto& p : opt.param(names[2 * l + t])) p = distopt::from_float<Param>(uniform(rng));
+    for (int t = 0; t < 2; ++t) {
+      const std::size_t rows = static_cast<std::size_t>(sizes[l + 1]);
+      const std::size_t cols = t == 0 ? static_cast<std::size_t>(sizes[l]) : 1;
+      whole.resize(rows * cols);
+      for (float& w : whole) w = uniform(rng);
+      std::span<Param> part = opt.param(names[2 * l + t]);
+      const distopt::tp_split split = splits[static_cast<std::size_t>(2 * l + t)];
+      const auto ut = static_cast<std::size_t>(tp_size), ur = static_cast<std::size_t>(tp_rank);
+      const std::size_t part_cols = split == distopt::tp_split::cols ? cols / ut : cols;
+      const std::size_t first_row = split == distopt::tp_split::rows ? ur * (rows / ut) : 0;
+      const std::size_t first_col = split == distopt::tp_split::cols ? ur * part_cols : 0;
+      for (std::size_t i = 0; i < part.size(); ++i)
+        part[i] = distopt::from_float<Param>(whole[(first_row + i / part_cols) * cols + first_col + i % part_cols]);
+    }
   }
 
   // fp32 params are read by BLAS in place; bf16 params through a float copy refreshed
@@ -188,11 +240,17 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   if (writer) {
     std::cout << "distopt-fashion-mnist: " << Policy::name << " "
               << distopt::hyper_params_string<Policy>(in.decay) << " (biases: weight_decay=0)\n"
-              << "model: MLP " << shape << ", " << opt.tensors().numel() << " params ("
-              << (fp32_params ? "fp32" : "bf16 with fp32 master weights") << "); data: "
+              << "model: MLP " << shape << ", " << whole_params << " params ";
+    if (tp_size > 1) std::cout << "(" << opt.tensors().numel() << " on TP rank 0) ";
+    std::cout << "(" << (fp32_params ? "fp32" : "bf16 with fp32 master weights") << "); data: "
               << data.train.count << " train / " << data.test.count << " test samples; batch "
               << cfg.batch_size;
-    if constexpr (distributed)
+    if (tp_size > 1)
+      std::cout << " split over " << ranks << " data-parallel ranks, each layer over " << tp_size
+                << " tensor-parallel ranks (" << comm_name << ", " << ranks * tp_size << " in all), " << cfg.epochs
+                << " epochs, " << cfg.threads << " threads per rank; optimizer state sharded over the "
+                << "data-parallel ranks";
+    else if constexpr (distributed)
       std::cout << " split over " << ranks << " ranks (" << comm_name << "), " << cfg.epochs << " epochs, "
                 << cfg.threads << " threads per rank; optimizer state sharded over the ranks";
     else
@@ -203,7 +261,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   const std::size_t pixels = data.pixels, batch = static_cast<std::size_t>(cfg.batch_size);
   const std::size_t most_rows = share_of(batch, ranks, 0).count;  // rank 0's part is the largest
   const int eval_batch = 1000;
-  mlp model(sizes, std::max(static_cast<int>(most_rows), eval_batch));
+  tp_group model_tp;
+  if constexpr (std::is_same_v<Comm, distopt::threads>)
+    if (tp_model)
+      model_tp = {tp_rank, tp_size,
+                  [&tp_model](std::span<float> v) { tp_model->all_reduce(v, distopt::reduce_op::sum); }};
+  mlp model(sizes, std::max(static_cast<int>(most_rows), eval_batch), std::move(model_tp));
   // Each rank scores its part of the test set; the counts are summed exactly.
   const share test_part = share_of(data.test.count, ranks, rank);
   auto test_accuracy = [&] {
@@ -278,7 +341,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   std::snprintf(line, sizeof line, "test accuracy: %.4f\n", accuracy);
   std::cout << line;
   if (skipped) std::cout << "skipped steps (NaN/Inf gradient): " << skipped << "\n";
-  if constexpr (distributed)
+  if (tp_size > 1)
+    std::cout << "optimizer memory (rank 0 of " << ranks << " data-parallel x " << tp_size
+              << " tensor-parallel ranks):\n" << opt.memory();
+  else if constexpr (distributed)
     std::cout << "optimizer memory (rank 0 of " << ranks << "):\n" << opt.memory();
   else
     std::cout << "optimizer memory:\n" << opt.memory();
@@ -328,17 +394,29 @@ history train_mpi(const config& cfg) {
 }
 
 /// One rank with replicated state, --ranks N threads, or the MPI world, both with sharded
-/// state.
+/// state. --tp T (threads only): N x T threads, rank r = dp * T + t, the same optimizer
+/// type as --ranks N (sharded over the N data-parallel ranks; with N = 1, over one).
 template <class Policy, class Param>
 history train_typed(const config& cfg) {
-  if (cfg.comm == "mpi") return train_mpi<Policy, Param>(cfg);
+  if (cfg.comm == "mpi") {
+    if (cfg.tp > 1) throw usage_error("--tp: tensor parallelism runs its ranks as threads only, not with --comm mpi");
+    return train_mpi<Policy, Param>(cfg);
+  }
   const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
-  if (cfg.ranks <= 1)
+  const int dp = std::max(cfg.ranks, 1), tp = std::max(cfg.tp, 1);
+  if (dp == 1 && tp == 1)
     return train_rank<Policy, Param, distopt::replicated<distopt::fp32>>(cfg, in, "", distopt::single{});
   history out;
-  distopt::run_ranks(cfg.ranks, [&](distopt::threads& comm) {
-    const int rank = comm.rank();
-    history h = train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, in, "threads", std::move(comm));
+  distopt::run_ranks(dp * tp, [&](distopt::threads& world) {
+    const int rank = world.rank(), d = rank / tp, t = rank % tp;
+    std::optional<distopt::threads> tp_opt, tp_model;  // the same TP group, twice
+    if (tp > 1) {
+      tp_opt.emplace(world.split(d, t));
+      tp_model.emplace(world.split(d, t));
+    }
+    distopt::threads dp_comm = tp > 1 ? world.split(t, d) : std::move(world);
+    history h = train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, in, "threads", std::move(dp_comm),
+                                                                           std::move(tp_opt), std::move(tp_model));
     if (rank == 0) out = std::move(h);
   });
   return out;

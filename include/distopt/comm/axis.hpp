@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "../concepts.hpp"
@@ -50,6 +51,14 @@ struct stat_wire {
 template <communicator Comm, class Axis>
 void all_reduce_stats(axis_group<Comm, Axis>& g, stat_wire<Axis>& w) {
   if (g.size() > 1 && !w.values.empty()) g.comm->all_reduce(w.span(), reduce_op::sum);
+}
+
+/// The axes differ: refused at compile time, with the reason.
+template <communicator Comm, class GroupAxis, class WireAxis>
+void all_reduce_stats(axis_group<Comm, GroupAxis>&, stat_wire<WireAxis>&) {
+  static_assert(std::is_same_v<GroupAxis, WireAxis>,
+                "distopt::all_reduce_stats: a statistic must be reduced over the axis it belongs to "
+                "(tensor-parallel statistics over the TP group, data-parallel ones over the DP group)");
 }
 
 }  // namespace distopt

@@ -130,7 +130,8 @@ class fixed_sum {
     while (top >= 0 && n.limb_[top] == 0) --top;
     if (top < 0) return 0.0;
     const int low = top >= 2 ? top - 2 : 0;
-    unsigned __int128 m = 0;
+    __extension__ typedef unsigned __int128 u128;  // GCC and Clang; quiet under -Wpedantic
+    u128 m = 0;
     for (int k = top; k >= low; --k) m = (m << 32) | static_cast<std::uint64_t>(n.limb_[k]);
     const double r = std::ldexp(static_cast<double>(m), 32 * low - 149);
     return negative ? -r : r;

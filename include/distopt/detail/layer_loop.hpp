@@ -10,7 +10,8 @@
 /// double along a segment, in element order, and each segment's sum is added exactly to
 /// the accumulators; per-column values are added exactly one by one (a column's elements
 /// lie in different segments). So every statistic is the same for every cut and thread
-/// count (see fixed_sum.hpp).
+/// count (see fixed_sum.hpp). Along a segment the doubles are summed in four interleaved
+/// lanes (element j of the segment into lane j % 4), combined in a fixed order.
 
 #include <algorithm>
 #include <cstddef>
@@ -49,8 +50,19 @@ struct layer_args {
   std::size_t row_first, row_count, col_first, col_count;
 };
 
+/// Sums `n` values into four interleaved double lanes (value j into lane j % 4): four
+/// independent chains instead of one, vectorisable, and a fixed function of the values.
+DISTOPT_INLINE void add_to_lanes(double* DISTOPT_RESTRICT lanes, const float* DISTOPT_RESTRICT v, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (std::size_t l = 0; l < 4; ++l) lanes[l] += static_cast<double>(v[j + l]);
+  for (; j < n; ++j) lanes[j % 4] += static_cast<double>(v[j]);
+}
+DISTOPT_INLINE double lanes_total(const double* lanes) { return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]); }
+
 template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc>
-void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a, std::size_t n) {
+DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
+                                    std::size_t n) {
   constexpr phase_spec spec = Policy::phases[Phase];
   constexpr int TS = spec.tensor_sums;
   constexpr int RS = Factored ? spec.row_sums : 0;
@@ -59,6 +71,11 @@ void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Gra
   constexpr int CV = Factored ? Policy::col_values : 0;
   constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
   constexpr int OUT = spec.tensor_sums + spec.row_sums + spec.col_sums;
+  // The element pass writes each element's emitted values here (a run of at most `sub`
+  // elements), and a second, short loop sums them: the element loop itself has no
+  // reduction in it and vectorises like update_range.
+  constexpr std::size_t sub = 256;
+  float emitted[OUT > 0 ? OUT : 1][sub];
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
   std::size_t i = 0;
@@ -73,43 +90,53 @@ void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Gra
     }
     float rv[RV > 0 ? RV : 1] = {};
     for (int k = 0; k < RV; ++k) rv[k] = a.row_values[k][row];
-    double tsum[TS > 0 ? TS : 1] = {};
-    double rsum[RS > 0 ? RS : 1] = {};
-    for (std::size_t j = i; j < i + seg; ++j) {
-      float value = 0.0f;
-      if constexpr (spec.reads_param) {
-        if constexpr (Mode == param_mode::master) value = a.master[j];
-        else value = to_float(a.param[j]);
-      }
-      float st[MS] = {};
-      for (int k = 0; k < Policy::max_state_slots; ++k)
-        if ((spec.reads_slots >> k) & 1u)
-          if (a.state[k]) st[k] = to_float(a.state[k][j]);
-      float cv[CV > 0 ? CV : 1] = {};
-      for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][col + (j - i)];
-      float out[OUT > 0 ? OUT : 1] = {};
-      Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
-                                                to_float(a.grad[j]) * scale, st, out);
-      for (int k = 0; k < Policy::max_state_slots; ++k)
-        if ((spec.writes_slots >> k) & 1u)
-          if (a.state[k]) a.state[k][j] = from_float<Enc>(st[k]);
-      if constexpr (spec.writes_param) {
-        if constexpr (Mode == param_mode::master) {
-          a.master[j] = value;
-          a.param[j] = from_float<Param>(value);
-        } else if constexpr (Mode == param_mode::no_master_sr) {
-          a.param[j] = stochastic_round_bf16(value, mix32(a.random_key, a.random_base + j));
-        } else {
-          a.param[j] = from_float<Param>(value);
+    double tl[TS > 0 ? TS : 1][4] = {};
+    double rl[RS > 0 ? RS : 1][4] = {};
+    for (std::size_t b = i; b < i + seg; b += sub) {
+      const std::size_t m = std::min(sub, i + seg - b);
+      const std::size_t c0 = col + (b - i);
+      for (std::size_t jj = 0; jj < m; ++jj) {
+        const std::size_t j = b + jj;
+        float value = 0.0f;
+        if constexpr (spec.reads_param) {
+          if constexpr (Mode == param_mode::master) value = a.master[j];
+          else value = to_float(a.param[j]);
         }
+        float st[MS] = {};
+        for (int k = 0; k < Policy::max_state_slots; ++k)
+          if ((spec.reads_slots >> k) & 1u)
+            if (a.state[k]) st[k] = to_float(a.state[k][j]);
+        float cv[CV > 0 ? CV : 1] = {};
+        for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c0 + jj];
+        float out[OUT > 0 ? OUT : 1] = {};
+        Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
+                                                  to_float(a.grad[j]) * scale, st, out);
+        for (int k = 0; k < Policy::max_state_slots; ++k)
+          if ((spec.writes_slots >> k) & 1u)
+            if (a.state[k]) a.state[k][j] = from_float<Enc>(st[k]);
+        if constexpr (spec.writes_param) {
+          if constexpr (Mode == param_mode::master) {
+            a.master[j] = value;
+            a.param[j] = from_float<Param>(value);
+          } else if constexpr (Mode == param_mode::no_master_sr) {
+            a.param[j] = stochastic_round_bf16(value, mix32(a.random_key, a.random_base + j));
+          } else {
+            a.param[j] = from_float<Param>(value);
+          }
+        }
+        for (int k = 0; k < OUT; ++k) emitted[k][jj] = out[k];
       }
-      for (int k = 0; k < TS; ++k) tsum[k] += static_cast<double>(out[k]);
-      for (int k = 0; k < RS; ++k) rsum[k] += static_cast<double>(out[spec.tensor_sums + k]);
-      for (int k = 0; k < CS; ++k)
-        a.col_sums[k * a.col_count + (col + (j - i) - a.col_first)].add(out[spec.tensor_sums + spec.row_sums + k]);
+      // b - i is a multiple of 4, so value j of the segment always lands in lane j % 4.
+      for (int k = 0; k < TS; ++k) add_to_lanes(tl[k], emitted[k], m);
+      for (int k = 0; k < RS; ++k) add_to_lanes(rl[k], emitted[spec.tensor_sums + k], m);
+      for (int k = 0; k < CS; ++k) {
+        fixed_sum* cs = a.col_sums + k * a.col_count + (c0 - a.col_first);
+        const float* e = emitted[spec.tensor_sums + spec.row_sums + k];
+        for (std::size_t jj = 0; jj < m; ++jj) cs[jj].add(e[jj]);
+      }
     }
-    for (int k = 0; k < TS; ++k) a.tensor_sums[k].add(tsum[k]);
-    for (int k = 0; k < RS; ++k) a.row_sums[k * a.row_count + (row - a.row_first)].add(rsum[k]);
+    for (int k = 0; k < TS; ++k) a.tensor_sums[k].add(lanes_total(tl[k]));
+    for (int k = 0; k < RS; ++k) a.row_sums[k * a.row_count + (row - a.row_first)].add(lanes_total(rl[k]));
     i += seg;
   }
 }

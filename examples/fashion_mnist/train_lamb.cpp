@@ -1,0 +1,7 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#include "train.hpp"
+
+fmnist::history fmnist::train_lamb(const config& cfg) {
+  return train_policy<distopt::lamb>(cfg);
+}

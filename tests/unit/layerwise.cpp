@@ -1,0 +1,716 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// Layer-wise policies (Lamb, Adafactor, CAME) stay exact when sharded and split:
+//  - the exact statistics accumulator (fixed_sum) against a 128-bit integer reference,
+//    and its independence of order and partition;
+//  - params, every state slot and every row/column state bit-identical for d = 1..8 DP
+//    ranks (threads) over 100 steps, on awkward layouts and matrices whose rows straddle
+//    shard cuts, and for 1 vs 3 threads per rank;
+//  - a TP = 2 x DP = 2 grid with row- and column-split matrices equal to the unsplit
+//    single-rank run, bit for bit;
+//  - the statistics communicated: exactly the wire the layout predicts, O(tensors + rows
+//    + cols), and the communicator's byte counter agrees;
+//  - hyper-parameter refusals.
+// Parity with the reference implementations is tested on golden traces (tests/reference).
+
+#include "sharded_harness.hpp"
+
+#include <distopt/detail/fixed_sum.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <map>
+#include <numeric>
+#include <span>
+#include <string_view>
+#include <random>
+
+namespace {
+
+using namespace distopt;
+using namespace harness;
+using detail::fixed_sum;
+
+// ---------------------------------------------------------------------------------------
+// fixed_sum
+// ---------------------------------------------------------------------------------------
+
+/// Random fp32 values with exponents in [-40, 40] (both signs): multiples of 2^-63 below
+/// 2^41, so their exact sum fits a 128-bit integer in units of 2^-63.
+std::vector<float> moderate_values(std::size_t n, unsigned seed, bool signed_values) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> ex(-40, 40);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = static_cast<float>(std::ldexp(mant(rng), ex(rng)));
+    if (signed_values && (rng() & 1)) x = -x;
+  }
+  return v;
+}
+
+__extension__ typedef __int128 i128;
+
+i128 exact_units(const std::vector<float>& v) {
+  i128 s = 0;
+  for (float x : v) s += static_cast<i128>(std::ldexp(static_cast<double>(x), 63));  // exact: < 2^104
+  return s;
+}
+
+double bits_apart(double a, double b) {
+  std::int64_t x, y;
+  std::memcpy(&x, &a, 8);
+  std::memcpy(&y, &b, 8);
+  return std::fabs(static_cast<double>(x - y));
+}
+
+BOOST_AUTO_TEST_SUITE(fixed_sum_exact)
+
+BOOST_AUTO_TEST_CASE(matches_a_128_bit_integer_reference) {
+  for (bool sgn : {false, true}) {
+    const auto v = moderate_values(20000, sgn ? 7 : 3, sgn);
+    fixed_sum f;
+    for (float x : v) f.add(x);
+    const double want = std::ldexp(static_cast<double>(exact_units(v)), -63);
+    // value() rounds from the top 96 bits: at most one ulp from the correctly rounded sum.
+    BOOST_TEST(bits_apart(f.value(), want) <= 1.0, f.value() << " vs " << want);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(independent_of_order_partition_and_segment_doubles) {
+  // The whole fp32 range, subnormals and the largest finite values included.
+  std::mt19937_64 rng(11);
+  std::vector<float> v;
+  for (int i = 0; i < 5000; ++i) {
+    std::uint32_t u = static_cast<std::uint32_t>(rng()) & 0x7fffffffu;
+    if (((u >> 23) & 0xff) == 0xff) u &= 0x7f7fffffu;  // finite
+    float x;
+    std::memcpy(&x, &u, 4);
+    v.push_back(x);
+  }
+  fixed_sum whole;
+  for (float x : v) whole.add(x);
+  double wire_whole[fixed_sum::wire_size];
+  whole.to_wire(wire_whole);
+  for (unsigned trial = 0; trial < 5; ++trial) {
+    std::vector<float> w = v;
+    std::shuffle(w.begin(), w.end(), rng);
+    // Cut into "ranks" at random places, each summing runs in double (as segments do) and
+    // the doubles exactly; the ranks' wires are added element-wise, as an all-reduce does.
+    const int ranks = 2 + static_cast<int>(trial);
+    std::vector<double> wire(fixed_sum::wire_size, 0.0);
+    std::size_t at = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const std::size_t end = r + 1 == ranks ? w.size() : at + rng() % (w.size() - at + 1);
+      fixed_sum part;
+      // Segments: doubles of up to 3 fp32 values of similar size would round; sums of one
+      // value never do, and whole-range doubles of several values may: use one-value runs
+      // for the huge spread here (the engine's segment sums are checked end to end below).
+      for (std::size_t i = at; i < end; ++i) part.add(static_cast<double>(w[i]));
+      double pw[fixed_sum::wire_size];
+      part.to_wire(pw);
+      for (int k = 0; k < fixed_sum::wire_size; ++k) wire[static_cast<std::size_t>(k)] += pw[k];
+      at = end;
+    }
+    const fixed_sum total = fixed_sum::from_wire(wire.data());
+    BOOST_TEST(total.value() == whole.value());
+    double again[fixed_sum::wire_size];
+    total.to_wire(again);
+    BOOST_TEST(std::memcmp(again, wire_whole, sizeof again) == 0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(cancels_exactly_and_flags_non_finite) {
+  fixed_sum f;
+  f.add(3.0e38f);
+  f.add(1.0e-45f);
+  f.add(-3.0e38f);
+  BOOST_TEST(f.value() == static_cast<double>(1.0e-45f));
+  f.add(-1.0e-45f);
+  BOOST_TEST(f.is_zero());
+  fixed_sum g;
+  g.add(std::numeric_limits<float>::infinity());
+  g.add(1.0f);
+  BOOST_TEST(std::isinf(g.value()));
+  g.add(-std::numeric_limits<float>::infinity());
+  BOOST_TEST(std::isnan(g.value()));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// The statistics themselves do not depend on the cuts
+// ---------------------------------------------------------------------------------------
+
+/// A probe policy: one phase that emits each gradient itself as a tensor, row and column
+/// sum, and a finish that records the reduced sums (on the rank's own thread).
+thread_local std::vector<double>* probe_record = nullptr;
+
+struct sum_probe {
+  static constexpr std::string_view name = "sum_probe";
+  static constexpr int max_state_slots = 0;
+  struct hyper_params {
+    void validate() const {}
+  };
+  static int state_slots(const hyper_params&) { return 0; }
+  struct scalars {
+    float unused;
+  };
+  static scalars prepare(const hyper_params&, const step_info&) { return {0.0f}; }
+  static constexpr std::array<phase_spec, 1> phases{{{.tensor_sums = 1, .row_sums = 1, .col_sums = 1,
+                                                      .reads_param = false, .writes_param = true}}};
+  static constexpr int tensor_values = 0, row_values = 0, col_values = 0, row_states = 0, col_states = 0;
+  static bool factored(const hyper_params&, std::span<const std::int64_t> shape) { return shape.size() >= 2; }
+  static bool uses_slot(const hyper_params&, int, bool) { return false; }
+  template <int Phase, bool Factored>
+  static void element(const scalars&, const element_stats&, float&, float g, float*, float* sums) {
+    sums[0] = g;
+    if constexpr (Factored) sums[1] = sums[2] = g;
+  }
+  template <int Phase>
+  static void finish(const hyper_params&, const scalars&, tensor_stats& t) {
+    if (!probe_record) return;
+    probe_record->push_back(-static_cast<double>(t.numel));  // a tag: which tensor follows
+    probe_record->push_back(t.sums[0]);
+    for (double x : t.row_sums[0]) probe_record->push_back(x);
+    for (double x : t.col_sums[0]) probe_record->push_back(x);
+  }
+};
+static_assert(policy_is_layerwise<sum_probe>);
+
+BOOST_AUTO_TEST_SUITE(statistics_do_not_depend_on_cuts)
+
+BOOST_AUTO_TEST_CASE(a_row_that_loses_bits_in_double_gives_the_same_sum_for_every_d) {
+  // Row 1 of a [2, 300] matrix holds 2^60, 211 ones, then from element 512 (a block
+  // boundary, where d = 2 cuts) -2^60 and 87 ones. Summed in double over the whole row the
+  // ones before -2^60 are lost and the others kept (87); summed per block-and-row segment
+  // (as the engine must, since any cut may fall on a block boundary) both runs of ones are
+  // lost (0). Every d must report the same sums as d = 1.
+  layout l;
+  l.add("m", {2, 300});
+  l.add("v", {700});
+  std::vector<float> gm(600, 0.5f), gv(700);
+  for (std::size_t i = 300; i < 600; ++i) gm[i] = 1.0f;
+  gm[300] = std::ldexp(1.0f, 60);
+  gm[512] = -std::ldexp(1.0f, 60);
+  for (std::size_t i = 0; i < gv.size(); ++i) gv[i] = i % 2 ? std::ldexp(1.0f, 55) : 3.0f;
+  std::vector<double> want;
+  for (int d = 1; d <= 5; ++d) {
+    std::vector<std::vector<double>> rec(static_cast<std::size_t>(d));
+    run_ranks(d, [&](threads& comm) {
+      const int rank = comm.rank();
+      probe_record = &rec[static_cast<std::size_t>(rank)];
+      optimizer_options o;
+      o.grad_reduce = reduce_op::sum;
+      o.check_finite = false;
+      optimizer<sum_probe, sharded<fp32>, threads> opt(l, sum_probe::hyper_params{}, o, cpu(2), std::move(comm));
+      if (rank == 0) {
+        std::copy(gm.begin(), gm.end(), opt.grad("m").begin());
+        std::copy(gv.begin(), gv.end(), opt.grad("v").begin());
+      }
+      opt.step();
+      probe_record = nullptr;
+    });
+    // Every rank holding part of a tensor records its sums; all must equal d = 1's.
+    const auto split = [](const std::vector<double>& r) {
+      std::map<double, std::vector<double>> by_tensor;
+      std::vector<double>* cur = nullptr;
+      for (double x : r) {
+        if (x < 0 && x == std::floor(x) && -x >= 600) cur = &by_tensor[-x];  // a tag
+        else cur->push_back(x);
+      }
+      return by_tensor;
+    };
+    if (d == 1) want = rec[0];
+    const auto ref = split(want);
+    BOOST_TEST_CONTEXT("d=" << d) {
+      std::size_t seen = 0;
+      for (const auto& r : rec)
+        for (const auto& [numel, sums] : split(r)) {
+          ++seen;
+          BOOST_TEST(sums.size() == ref.at(numel).size());
+          BOOST_TEST(std::memcmp(sums.data(), ref.at(numel).data(), sums.size() * sizeof(double)) == 0,
+                     "tensor of " << numel << " elements");
+        }
+      BOOST_TEST(seen >= 2u);
+    }
+  }
+  // m: tensor sum 0.5 * 300 (+ 2^60 - 2^60, the ones lost), row 0 = 150, row 1 = 0.
+  const auto m = want;
+  BOOST_TEST(m.at(1) == 150.0);
+  BOOST_TEST(m.at(2) == 150.0);
+  BOOST_TEST(m.at(3) == 0.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// d = 1..8 bit-identity over 100 steps
+// ---------------------------------------------------------------------------------------
+
+/// Row and column states of every tensor, as one rank sees them.
+struct factor_copy {
+  std::vector<std::vector<float>> rows, cols;  // [tensor * states + k]
+  bool operator==(const factor_copy&) const = default;
+};
+
+template <class Opt>
+factor_copy copy_factors(const Opt& opt) {
+  using P = typename Opt::policy_type;
+  factor_copy f;
+  for (const auto& t : opt.tensors().tensors()) {
+    for (int k = 0; k < P::row_states; ++k) {
+      const auto s = opt.row_state(t.name, k);
+      f.rows.emplace_back(s.begin(), s.end());
+    }
+    for (int k = 0; k < P::col_states; ++k) {
+      const auto s = opt.col_state(t.name, k);
+      f.cols.emplace_back(s.begin(), s.end());
+    }
+  }
+  return f;
+}
+
+/// The layouts of the sharded tests, and one whose matrix rows (300 and 40 long) straddle
+/// blocks and cuts, with a batch of matrices.
+std::vector<layout_case> layerwise_layouts() {
+  auto v = awkward_layouts();
+  v.push_back({"straddle", {{33, 300}, {300, 9}, {5, 7, 40}, {513}, {2, 3}}, std::size_t{1} << 22});
+  return v;
+}
+
+template <class Policy, class Prec>
+void check_every_d(const typename Policy::hyper_params& h, int steps = 100, dtype t = dtype::f32) {
+  run_options ro;
+  ro.steps = steps;
+  const std::vector<typename Policy::hyper_params> hs{h};
+  for (const layout_case& c : layerwise_layouts()) {
+    ro.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, t);
+    // The single-rank reference, with its factored states.
+    using single_t = optimizer<Policy, replicated<fp32>, single, cpu, Prec>;
+    single_t ref_opt(l, hs, ro.options);
+    outcome ref = blank<single_t>(l, Policy::state_slots(h));
+    drive(ref_opt, 0, ro, &ref);
+    collect(ref_opt, 0, ref);
+    const factor_copy ref_f = copy_factors(ref_opt);
+    for (int d = 1; d <= 8; ++d) {
+      for (int th : {1, 3}) {
+        if (th == 3 && d != 2) continue;
+        BOOST_TEST_CONTEXT(Policy::name << " layout " << c.name << " d=" << d << " threads=" << th) {
+          using opt_t = optimizer<Policy, sharded<fp32>, threads, cpu, Prec>;
+          run_options rd = ro;
+          rd.threads = th;
+          rd.options.grad_reduce = reduce_op::sum;
+          outcome got = blank<opt_t>(l, Policy::state_slots(h));
+          std::vector<factor_copy> factors(static_cast<std::size_t>(d));
+          std::vector<std::vector<char>> holds(static_cast<std::size_t>(d));
+          run_ranks(d, [&](threads& comm) {
+            const int rank = comm.rank();
+            opt_t opt(l, hs, rd.options, cpu(th), std::move(comm));
+            drive(opt, rank, rd, rank == 0 ? &got : nullptr);
+            collect(opt, rank, got);
+            factors[static_cast<std::size_t>(rank)] = copy_factors(opt);
+          });
+          BOOST_TEST((got.params == ref.params));
+          BOOST_TEST((got.master == ref.master));
+          BOOST_TEST((got.states == ref.states));
+          // Each rank holding part of a factored tensor keeps its whole row and column
+          // states, equal to the single rank's; the others keep none.
+          for (const factor_copy& f : factors) {
+            for (std::size_t i = 0; i < f.rows.size(); ++i)
+              if (!f.rows[i].empty()) BOOST_TEST((f.rows[i] == ref_f.rows[i]), "row state " << i);
+            for (std::size_t i = 0; i < f.cols.size(); ++i)
+              if (!f.cols[i].empty()) BOOST_TEST((f.cols[i] == ref_f.cols[i]), "col state " << i);
+          }
+        }
+      }
+    }
+  }
+}
+
+lamb::hyper_params lamb_case() {
+  lamb::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  h.debias = true;
+  h.clamp_value = 1.0;
+  return h;
+}
+adafactor::hyper_params adafactor_relative() { return {}; }
+adafactor::hyper_params adafactor_lr_beta1() {
+  adafactor::hyper_params h;
+  h.lr = 1e-2;
+  h.relative_step = false;
+  h.scale_parameter = false;
+  h.beta1 = 0.9;
+  h.weight_decay = 0.01;
+  h.clip_threshold = 0.5;
+  return h;
+}
+came::hyper_params came_case() {
+  came::hyper_params h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.01;
+  return h;
+}
+
+BOOST_AUTO_TEST_SUITE(every_d_100_steps)
+
+BOOST_AUTO_TEST_CASE(lamb_fp32) { check_every_d<lamb, precision<float>>(lamb_case()); }
+BOOST_AUTO_TEST_CASE(adafactor_relative_step_fp32) { check_every_d<adafactor, precision<float>>(adafactor_relative()); }
+BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16_master) {
+  check_every_d<adafactor, precision<bf16, bf16>>(adafactor_lr_beta1(), 100, dtype::bf16);
+}
+BOOST_AUTO_TEST_CASE(came_fp32) { check_every_d<came, precision<float>>(came_case()); }
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// TP = 2 x DP = 2 against the unsplit single rank
+// ---------------------------------------------------------------------------------------
+
+struct tp_tensor {
+  std::vector<std::int64_t> shape;  // the whole tensor
+  tp_split split;
+};
+
+std::vector<tp_tensor> tp_tensors() {
+  return {{{12, 40}, tp_split::rows},   // column-parallel weight: rows split, column sums need TP
+          {{20, 30}, tp_split::cols},   // row-parallel weight: columns split, row sums need TP
+          {{6}, tp_split::rows},        // its bias
+          {{4, 6, 10}, tp_split::rows}, // a batch of matrices split by the batch
+          {{3, 5, 16}, tp_split::cols}, // a batch split by columns
+          {{9}, tp_split::none},        // replicated over TP
+          {{7, 300}, tp_split::cols}};  // rows that straddle blocks and DP cuts
+}
+
+/// The full tensor's flat index of element l of TP part t of `tp` parts.
+std::size_t full_index(const tp_tensor& x, int t, int tp, std::size_t l) {
+  std::size_t numel = 1;
+  for (auto s : x.shape) numel *= static_cast<std::size_t>(s);
+  if (x.split == tp_split::rows) return static_cast<std::size_t>(t) * (numel / static_cast<std::size_t>(tp)) + l;
+  if (x.split == tp_split::cols) {
+    const std::size_t c = static_cast<std::size_t>(x.shape.back()), lc = c / static_cast<std::size_t>(tp);
+    return (l / lc) * c + static_cast<std::size_t>(t) * lc + l % lc;
+  }
+  return l;
+}
+
+/// Runs `steps` on a DP x TP grid (dp = 1, tp = 1: the unsplit single rank) and returns
+/// the reassembled params and slot-0 states of every tensor.
+template <class Policy>
+std::vector<std::vector<float>> run_grid(const typename Policy::hyper_params& h, int dp, int tp, int steps,
+                                         std::vector<std::vector<float>>* states) {
+  const auto xs = tp_tensors();
+  std::vector<std::vector<float>> params(xs.size()), st(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    std::size_t n = 1;
+    for (auto s : xs[i].shape) n *= static_cast<std::size_t>(s);
+    params[i].assign(n, 0.0f);
+    st[i].assign(n, 0.0f);
+  }
+  std::mutex m;
+  run_ranks(dp * tp, [&](threads& world) {
+    const int d = world.rank() / tp, t = world.rank() % tp;
+    std::optional<threads> tp_comm;
+    if (tp > 1) tp_comm.emplace(world.split(d, t));
+    threads dp_comm = tp > 1 ? world.split(t, d) : std::move(world);
+    layout l;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      auto shape = xs[i].shape;
+      const tp_split split = tp > 1 ? xs[i].split : tp_split::none;
+      if (split == tp_split::rows) shape.front() /= tp;
+      if (split == tp_split::cols) shape.back() /= tp;
+      l.add(std::string("t").append(std::to_string(i)), shape, dtype::f32, 0, split);
+    }
+    optimizer_options o;
+    o.grad_reduce = reduce_op::sum;
+    o.bucket_elems = 600;  // several buckets
+    optimizer<Policy, sharded<fp32>, threads> opt(l, h, o, cpu(1), std::move(dp_comm));
+    if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
+    const auto place = [&](std::size_t i, std::size_t e) { return tp > 1 ? full_index(xs[i], t, tp, e) : e; };
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      auto p = opt.param(std::string("t").append(std::to_string(i)));
+      for (std::size_t e = 0; e < p.size(); ++e) p[e] = init_value(i, place(i, e));
+    }
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        auto g = opt.grad(std::string("t").append(std::to_string(i)));
+        for (std::size_t e = 0; e < g.size(); ++e) g[e] = d == 0 ? grad_value(s, i, place(i, e)) : 0.0f;
+      }
+      opt.step();
+      opt.zero_grad();
+    }
+    std::lock_guard<std::mutex> lock(m);
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const std::string name = std::string("t").append(std::to_string(i));
+      if (d == 0) {
+        auto p = opt.param(name);
+        for (std::size_t e = 0; e < p.size(); ++e) params[i][place(i, e)] = p[e];
+      }
+      const auto sv = opt.local_state(name, 0);
+      for (std::size_t e = 0; e < sv.values.size(); ++e) st[i][place(i, sv.first + e)] = sv.values[e];
+    }
+  });
+  if (states) *states = std::move(st);
+  return params;
+}
+
+template <class Policy>
+void check_tp_grid(const typename Policy::hyper_params& h) {
+  std::vector<std::vector<float>> ref_states, got_states;
+  const auto ref = run_grid<Policy>(h, 1, 1, 30, &ref_states);
+  const auto got = run_grid<Policy>(h, 2, 2, 30, &got_states);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    BOOST_TEST_CONTEXT(Policy::name << " tensor " << i) {
+      BOOST_TEST(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * sizeof(float)) == 0);
+      BOOST_TEST(std::memcmp(got_states[i].data(), ref_states[i].data(), ref_states[i].size() * sizeof(float)) == 0);
+      // Not a vacuous comparison: the params moved.
+      BOOST_TEST(ref[i][0] != init_value(i, 0));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_SUITE(tensor_parallel_grid)
+
+BOOST_AUTO_TEST_CASE(lamb_2x2) { check_tp_grid<lamb>(lamb_case()); }
+BOOST_AUTO_TEST_CASE(adafactor_2x2) { check_tp_grid<adafactor>(adafactor_relative()); }
+BOOST_AUTO_TEST_CASE(adafactor_beta1_2x2) { check_tp_grid<adafactor>(adafactor_lr_beta1()); }
+BOOST_AUTO_TEST_CASE(came_2x2) { check_tp_grid<came>(came_case()); }
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// What the statistics cost on the wire
+// ---------------------------------------------------------------------------------------
+
+/// The statistics wire of one step as the layout predicts it: for every phase, every
+/// tensor cut over several DP ranks contributes its tensor sums and, when factored, its
+/// row and column sums, each as fixed_sum::wire_size doubles.
+template <class Policy>
+std::size_t predicted_wire_bytes(const layout& l, int d, const typename Policy::hyper_params& h,
+                                 std::size_t bucket_elems) {
+  const detail::shard_plan plan(l, d, 0, bucket_elems, 1u << 14);
+  std::size_t sums = 0;
+  for (const auto& b : plan.buckets())
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      const tensor_slot& t = l.tensors()[i];
+      const std::size_t lo = t.offset - b.layout_begin, hi = lo + t.numel - 1;
+      if (lo / b.shard_elems == hi / b.shard_elems) continue;
+      const bool f = Policy::factored(h, t.shape);
+      const std::size_t c = f ? static_cast<std::size_t>(t.shape.back()) : 0;
+      const std::size_t r = f ? t.numel / c : 0;  // rows of all matrices
+      const std::size_t cols = f ? c * (t.numel / (c * static_cast<std::size_t>(t.shape[t.shape.size() - 2]))) : 0;
+      for (const phase_spec& p : Policy::phases)
+        sums += static_cast<std::size_t>(p.tensor_sums) + static_cast<std::size_t>(p.row_sums) * r +
+                static_cast<std::size_t>(p.col_sums) * cols;
+    }
+  return sums * fixed_sum::wire_size * sizeof(double);
+}
+
+template <class Policy>
+void check_wire(const typename Policy::hyper_params& h, const layout& l, int d, std::size_t* per_step) {
+  optimizer_options o;
+  o.bucket_elems = std::size_t{1} << 22;
+  const int steps = 3;
+  std::vector<std::size_t> stats(static_cast<std::size_t>(d)), sent(static_cast<std::size_t>(d)),
+      base(static_cast<std::size_t>(d));
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    threads other = comm.split(0, rank);  // the same group again, for the element-wise baseline
+    optimizer<Policy, sharded<fp32>, threads> opt(l, h, o, cpu(1), std::move(comm));
+    optimizer<adamw, sharded<fp32>, threads> ref(l, adamw::hyper_params{}, o, cpu(1), std::move(other));
+    const std::size_t s0 = opt.communicator().bytes_sent(), r0 = ref.communicator().bytes_sent();
+    for (int s = 0; s < steps; ++s) {
+      for (const auto& t : l.tensors()) {
+        auto g = opt.grad(t.name);
+        auto gr = ref.grad(t.name);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = gr[i] = grad_value(s, 0, i);
+      }
+      opt.step();
+      ref.step();
+    }
+    stats[static_cast<std::size_t>(rank)] = opt.statistics_bytes();
+    sent[static_cast<std::size_t>(rank)] = opt.communicator().bytes_sent() - s0;
+    base[static_cast<std::size_t>(rank)] = ref.communicator().bytes_sent() - r0;
+  });
+  const std::size_t want = predicted_wire_bytes<Policy>(l, d, h, o.bucket_elems);
+  for (int r = 0; r < d; ++r) BOOST_TEST(stats[static_cast<std::size_t>(r)] == steps * want);
+  // Over all ranks an all-reduce of W bytes sends 2 (d - 1) W (threads.hpp's ring model):
+  // the only traffic lamb/adafactor/came add to adamw's step is the statistics.
+  const std::size_t extra = std::accumulate(sent.begin(), sent.end(), std::size_t{0}) -
+                            std::accumulate(base.begin(), base.end(), std::size_t{0});
+  BOOST_TEST(extra == 2 * static_cast<std::size_t>(d - 1) * steps * want);
+  *per_step = want;
+}
+
+BOOST_AUTO_TEST_SUITE(statistics_on_the_wire)
+
+BOOST_AUTO_TEST_CASE(is_what_the_layout_predicts_and_grows_with_rows_and_cols_only) {
+  // Two layouts with the same number of rows, one with 4x the columns (and params).
+  for (int d : {2, 3, 4}) {
+    layout narrow, wide;
+    narrow.add("w", {64, 256});
+    narrow.add("v", {300});
+    wide.add("w", {64, 1024});
+    wide.add("v", {300});
+    std::size_t lamb_n = 0, ada_n = 0, ada_w = 0, came_n = 0;
+    check_wire<lamb>(lamb_case(), narrow, d, &lamb_n);
+    check_wire<adafactor>(adafactor_relative(), narrow, d, &ada_n);
+    check_wire<adafactor>(adafactor_relative(), wide, d, &ada_w);
+    check_wire<came>(came_case(), narrow, d, &came_n);
+    // Lamb: 2 sums per cut tensor; Adafactor: p^2, g^2 rows/cols, u^2.
+    BOOST_TEST(lamb_n == 2u * 1 * fixed_sum::wire_size * sizeof(double));
+    BOOST_TEST(ada_n == (1u + 64 + 256 + 1) * fixed_sum::wire_size * sizeof(double));
+    BOOST_TEST(ada_w - ada_n == (1024u - 256) * fixed_sum::wire_size * sizeof(double));
+    BOOST_TEST(came_n == (2u * (64 + 256) + 1) * fixed_sum::wire_size * sizeof(double));
+    // Against the params' own traffic (a reduce-scatter of grads and an all-gather of
+    // params, 2 (d-1)/d * 4 bytes each per param): a few percent, not a multiple.
+    const double param_traffic = 2.0 * 4.0 * (64.0 * 1024) * (d - 1) / d;
+    BOOST_TEST(static_cast<double>(ada_w) * 2 * (d - 1) / d < 0.5 * param_traffic);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(replicated_storage_communicates_no_statistics) {
+  layout l;
+  l.add("w", {64, 256});
+  run_ranks(3, [&](threads& comm) {
+    optimizer<adafactor, replicated<fp32>, threads> opt(l, adafactor_relative(), {}, cpu(1), std::move(comm));
+    for (auto& g : opt.grad("w")) g = 0.25f;
+    opt.step();
+    if (opt.statistics_bytes() != 0) throw std::runtime_error("replicated storage sent statistics");
+  });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------
+// Refusals and memory
+// ---------------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_SUITE(hyper_parameters)
+
+template <class Policy>
+std::string refusal(typename Policy::hyper_params h) {
+  try {
+    h.validate();
+  } catch (const invalid_hyper_parameter& e) {
+    return e.what();
+  }
+  return "";
+}
+
+BOOST_AUTO_TEST_CASE(invalid_values_are_named) {
+  adafactor::hyper_params a;
+  a.lr = 1e-3;  // with relative_step (the default)
+  BOOST_TEST(refusal<adafactor>(a).find("cannot be combined with relative_step=true") != std::string::npos);
+  a = {};
+  a.relative_step = false;
+  BOOST_TEST(refusal<adafactor>(a).find("lr is None and relative_step is false") != std::string::npos);
+  a = {};
+  a.relative_step = false;
+  a.lr = 1e-2;
+  a.warmup_init = true;
+  BOOST_TEST(refusal<adafactor>(a).find("warmup_init=true requires relative_step=true") != std::string::npos);
+  a = {};
+  a.decay_rate = 0.5;
+  BOOST_TEST(refusal<adafactor>(a) == "adafactor: invalid decay_rate 0.5: must be a finite value < 0 (beta2 = 1 - step^decay_rate)");
+  a = {};
+  a.beta1 = 1.0;
+  BOOST_TEST(refusal<adafactor>(a).find("invalid beta1 1") != std::string::npos);
+  came::hyper_params c;
+  c.lr = 0.0;
+  BOOST_TEST(refusal<came>(c) == "came: invalid lr 0: must be a finite value > 0");
+  c = {};
+  c.betas[2] = 1.5;
+  BOOST_TEST(refusal<came>(c) == "came: invalid betas[2] 1.5: must be in [0, 1]");
+  lamb::hyper_params l;
+  l.clamp_value = -1.0;
+  BOOST_TEST(refusal<lamb>(l) == "lamb: invalid clamp_value -1: must be >= 0 (inf: no clamp)");
+  l = {};
+  l.clamp_value = std::numeric_limits<double>::infinity();
+  BOOST_TEST(refusal<lamb>(l).empty());  // apex's choice: no clamp
+}
+
+BOOST_AUTO_TEST_CASE(optional_values_parse_from_text) {
+  adafactor::hyper_params a;
+  set_hyper_param<adafactor>(a, "lr", "0.01");
+  set_hyper_param<adafactor>(a, "beta1", "0.9");
+  BOOST_TEST(a.lr.value() == 0.01);
+  BOOST_TEST(a.beta1.value() == 0.9);
+  set_hyper_param<adafactor>(a, "lr", "None");
+  BOOST_TEST(!a.lr.has_value());
+  BOOST_CHECK_THROW(set_hyper_param<adafactor>(a, "beta1", "maybe"), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(memory_report_shows_factored_states) {
+  layout l;
+  l.add("w", {256, 512});
+  l.add("b", {512});
+  optimizer<adafactor> a(l, adafactor_relative());
+  const auto r = a.memory_report();
+  // Factored: no per-element second moment for w, only its rows and columns.
+  BOOST_TEST(r.bytes("state 0") == 512 * sizeof(float));  // b's exp_avg_sq only
+  BOOST_TEST(r.bytes("state rows") == 256 * sizeof(float));
+  BOOST_TEST(r.bytes("state cols") == 512 * sizeof(float));
+  optimizer<came> c(l, came_case());
+  const auto rc = c.memory_report();
+  BOOST_TEST(rc.bytes("state 0") == (256 * 512 + 512) * sizeof(float));  // exp_avg everywhere
+  BOOST_TEST(rc.bytes("state 1") == 512 * sizeof(float));
+  BOOST_TEST(rc.bytes("state rows") == 2 * 256 * sizeof(float));
+  BOOST_TEST(rc.bytes("state cols") == 2 * 512 * sizeof(float));
+  BOOST_TEST(c.state("w", 1).empty());
+  BOOST_TEST(c.row_state("b", 0).empty());
+}
+
+/// Params after 5 steps of lamb with `h` on a small layout.
+std::vector<float> lamb_params(const lamb::hyper_params& h) {
+  layout l;
+  l.add("w", {9, 29});
+  l.add("b", {7});
+  optimizer<lamb> opt(l, h);
+  for (std::size_t i = 0; i < opt.param("w").size(); ++i) opt.param("w")[i] = init_value(0, i);
+  for (std::size_t i = 0; i < opt.param("b").size(); ++i) opt.param("b")[i] = init_value(1, i);
+  for (int s = 0; s < 5; ++s) {
+    for (std::size_t i = 0; i < opt.grad("w").size(); ++i) opt.grad("w")[i] = grad_value(s, 0, i);
+    for (std::size_t i = 0; i < opt.grad("b").size(); ++i) opt.grad("b")[i] = grad_value(s, 1, i);
+    opt.step();
+  }
+  std::vector<float> out(opt.param("w").begin(), opt.param("w").end());
+  out.insert(out.end(), opt.param("b").begin(), opt.param("b").end());
+  return out;
+}
+
+BOOST_AUTO_TEST_CASE(lamb_apex_options) {
+  // always_adapt=false (apex without use_nvlamb): no trust ratio where weight_decay is 0,
+  // which is Lamb with adam=true; with weight decay the trust ratio applies as before.
+  lamb::hyper_params plain, apex, adam_like;
+  apex.always_adapt = false;
+  adam_like.adam = true;
+  BOOST_TEST((lamb_params(apex) == lamb_params(adam_like)));
+  BOOST_TEST((lamb_params(apex) != lamb_params(plain)));
+  plain.weight_decay = apex.weight_decay = 0.01;
+  BOOST_TEST((lamb_params(apex) == lamb_params(plain)));
+  // clamp_value=inf (apex: no clamp) differs from the default clamp only where ||p|| > 10.
+  lamb::hyper_params unclamped;
+  unclamped.clamp_value = std::numeric_limits<double>::infinity();
+  BOOST_TEST((lamb_params(unclamped) == lamb_params(lamb::hyper_params{})));
+}
+
+BOOST_AUTO_TEST_CASE(set_hyper_refuses_a_slot_that_was_not_kept) {
+  layout l;
+  l.add("w", {8, 8});
+  optimizer<adafactor> a(l, adafactor_relative());  // beta1 None: no exp_avg kept
+  adafactor::hyper_params h;
+  h.beta1 = 0.9;
+  BOOST_CHECK_THROW(a.set_hyper(0, h), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace
