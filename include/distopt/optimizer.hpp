@@ -894,8 +894,14 @@ class optimizer {
       a.param = params_.data() + pc.buffer;
       a.grad = grads + (local ? pc.local : pc.buffer);
       a.master = uses_master() ? master_.data() + pc.local : nullptr;
-      for (int k = 0; k < Policy::max_state_slots; ++k)
-        a.state[k] = ((t.slot_mask >> k) & 1u) ? states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : nullptr;
+      // Slots this tensor does not keep: read zeros, write to this thread's scratch.
+      thread_local std::vector<state_type> scratch;
+      if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
+      for (int k = 0; k < Policy::max_state_slots; ++k) {
+        const bool kept = (t.slot_mask >> k) & 1u;
+        a.state_out[k] = kept ? states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : scratch.data();
+        a.state_in[k] = kept ? a.state_out[k] : detail::zero_states<state_type, chunk_elems>();
+      }
       a.grad_scale = grad_scale;
       a.random_key = key;
       a.random_base = pc.layout;

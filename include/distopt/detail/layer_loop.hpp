@@ -27,13 +27,16 @@
 namespace distopt::detail {
 
 /// One piece's data and statistics targets for layer_range. Pointers are at the piece's
-/// first element; a null state slot is not kept for this tensor (it reads as 0).
+/// first element. A state slot the tensor does not keep reads from zeros and writes to
+/// scratch (never null: a null check in the loop becomes masked vector loads from the
+/// null page in the AVX2 clone, each a slow microcode assist).
 template <class Param, class Grad, class Enc>
 struct layer_args {
   Param* param;
   const Grad* grad;
   float* master;
-  Enc* state[4];
+  const Enc* state_in[4];
+  Enc* state_out[4];
   float grad_scale;
   std::uint64_t random_key;
   std::size_t random_base;  ///< layout index of the first element (stochastic rounding)
@@ -59,6 +62,13 @@ DISTOPT_INLINE void add_to_lanes(double* DISTOPT_RESTRICT lanes, const float* DI
   for (; j < n; ++j) lanes[j % 4] += static_cast<double>(v[j]);
 }
 DISTOPT_INLINE double lanes_total(const double* lanes) { return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]); }
+
+/// Zeros to read an absent state slot from, for pieces of up to `n` elements.
+template <class Enc, std::size_t N>
+const Enc* zero_states() {
+  static const Enc zeros[N] = {};
+  return zeros;
+}
 
 template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
@@ -104,16 +114,14 @@ DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const la
         }
         float st[MS] = {};
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.reads_slots >> k) & 1u)
-            if (a.state[k]) st[k] = to_float(a.state[k][j]);
+          if ((spec.reads_slots >> k) & 1u) st[k] = to_float(a.state_in[k][j]);
         float cv[CV > 0 ? CV : 1] = {};
         for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c0 + jj];
         float out[OUT > 0 ? OUT : 1] = {};
         Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
                                                   to_float(a.grad[j]) * scale, st, out);
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.writes_slots >> k) & 1u)
-            if (a.state[k]) a.state[k][j] = from_float<Enc>(st[k]);
+          if ((spec.writes_slots >> k) & 1u) a.state_out[k][j] = from_float<Enc>(st[k]);
         if constexpr (spec.writes_param) {
           if constexpr (Mode == param_mode::master) {
             a.master[j] = value;
