@@ -992,37 +992,25 @@ class optimizer {
         for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
     }
     // Which sums travel where: the same list, in layout order, on every rank of the group.
-    const auto pack = [&](auto& wire, auto&& select, bool write) {
-      std::size_t n = 0;
-      const auto visit = [&](std::vector<detail::fixed_sum>& v) {
-        for (detail::fixed_sum& f : v) {
-          if (write == true && wire.values.size() >= (n + 1) * W) f.to_wire(wire.values.data() + n * W);
-          ++n;
-        }
-      };
-      for (std::size_t i = 0; i < lt_.size(); ++i) {
-        layer_tensor& t = lt_[i];
+    const auto for_each_sum = [&](auto&& select, auto&& f) {
+      for (layer_tensor& t : lt_) {
         bool tensor = false, rows = false, cols = false;
         select(t, tensor, rows, cols);
-        if (tensor) visit(t.tsum);
-        if (rows) visit(t.rsum);
-        if (cols) visit(t.csum);
+        if (tensor) for (detail::fixed_sum& x : t.tsum) f(x);
+        if (rows) for (detail::fixed_sum& x : t.rsum) f(x);
+        if (cols) for (detail::fixed_sum& x : t.csum) f(x);
       }
-      return n;
+    };
+    const auto pack = [&](auto& wire, auto&& select) {
+      std::size_t n = 0;
+      for_each_sum(select, [&](detail::fixed_sum&) { ++n; });
+      wire.values.assign(n * W, 0.0);
+      n = 0;
+      for_each_sum(select, [&](detail::fixed_sum& f) { f.to_wire(wire.values.data() + W * n++); });
     };
     const auto unpack = [&](auto& wire, auto&& select) {
       std::size_t n = 0;
-      const auto visit = [&](std::vector<detail::fixed_sum>& v) {
-        for (detail::fixed_sum& f : v) f = detail::fixed_sum::from_wire(wire.values.data() + W * n++);
-      };
-      for (std::size_t i = 0; i < lt_.size(); ++i) {
-        layer_tensor& t = lt_[i];
-        bool tensor = false, rows = false, cols = false;
-        select(t, tensor, rows, cols);
-        if (tensor) visit(t.tsum);
-        if (rows) visit(t.rsum);
-        if (cols) visit(t.csum);
-      }
+      for_each_sum(select, [&](detail::fixed_sum& f) { f = detail::fixed_sum::from_wire(wire.values.data() + W * n++); });
     };
     // DP: tensors whose elements several ranks hold. Every rank packs every such tensor
     // (zeros where it holds none), so the lists agree; sizes come from the layout.
@@ -1032,8 +1020,7 @@ class optimizer {
       };
       ensure_sizes_for_wire<P>();
       stat_wire<dp_axis> wire;
-      wire.values.assign(pack(wire, dp_select, false) * W, 0.0);
-      pack(wire, dp_select, true);
+      pack(wire, dp_select);
       axis_group<Comm, dp_axis> dp{&comm_};
       stat_bytes_ += wire.values.size() * sizeof(double);
       all_reduce_stats(dp, wire);
@@ -1046,8 +1033,7 @@ class optimizer {
         cols = t.tp_rows;
       };
       stat_wire<tp_axis> wire;
-      wire.values.assign(pack(wire, tp_select, false) * W, 0.0);
-      pack(wire, tp_select, true);
+      pack(wire, tp_select);
       axis_group<Comm, tp_axis> tp{&*tp_};
       stat_bytes_ += wire.values.size() * sizeof(double);
       all_reduce_stats(tp, wire);

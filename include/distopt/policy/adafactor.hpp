@@ -123,13 +123,6 @@ struct adafactor {
     return slot == 0 ? !factored : h.beta1.has_value();
   }
 
-  /// The unclipped update: (row factor * col factor) * grad, or rsqrt(exp_avg_sq) * grad.
-  template <bool Factored>
-  DISTOPT_HD static float raw_update(const element_stats& e, float g, float v) {
-    if constexpr (Factored) return (e.row[0] * e.col[0]) * g;
-    else return (1.0f / std::sqrt(v)) * g;
-  }
-
   template <int Phase, bool Factored>
   DISTOPT_HD static void element(const scalars& s, const element_stats& e, float& p, float g,
                                  float* state, float* sums) {
@@ -142,10 +135,10 @@ struct adafactor {
       }
     } else if constexpr (Phase == 1) {
       if constexpr (!Factored) state[0] = state[0] * s.beta2t + s.one_minus_beta2t * (g * g + s.eps0);
-      const float u = raw_update<Factored>(e, g, state[0]);
+      const float u = detail::factored_update<Factored>(e, g, state[0]);
       sums[0] = u * u;
     } else {
-      float u = raw_update<Factored>(e, g, state[0]) / e.tensor[1];
+      float u = detail::factored_update<Factored>(e, g, state[0]) / e.tensor[1];
       u = u * e.tensor[0];
       const float m = state[1] * s.beta1 + s.one_minus_beta1 * u;
       state[1] = m;

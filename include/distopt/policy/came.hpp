@@ -97,12 +97,6 @@ struct came {
   }
   static bool uses_slot(const hyper_params&, int slot, bool factored) { return slot == 0 || !factored; }
 
-  template <bool Factored>
-  DISTOPT_HD static float raw_update(const element_stats& e, float g, float v) {
-    if constexpr (Factored) return (e.row[0] * e.col[0]) * g;
-    else return (1.0f / std::sqrt(v)) * g;
-  }
-
   template <int Phase, bool Factored>
   DISTOPT_HD static void element(const scalars& s, const element_stats& e, float& p, float g,
                                  float* state, float* sums) {
@@ -114,10 +108,10 @@ struct came {
       }
     } else if constexpr (Phase == 1) {
       if constexpr (!Factored) state[1] = state[1] * s.beta2 + s.one_minus_beta2 * (g * g + s.eps0);
-      const float u = raw_update<Factored>(e, g, state[1]);
+      const float u = detail::factored_update<Factored>(e, g, state[1]);
       sums[0] = u * u;
     } else if constexpr (Phase == 2) {
-      const float u = raw_update<Factored>(e, g, state[1]) / e.tensor[0];
+      const float u = detail::factored_update<Factored>(e, g, state[1]) / e.tensor[0];
       const float m = state[0] * s.beta1 + s.one_minus_beta1 * u;
       state[0] = m;
       if constexpr (Factored) {

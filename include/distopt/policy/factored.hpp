@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 
+#include "../config.hpp"
 #include "../layerwise.hpp"
 
 namespace distopt::detail {
@@ -44,6 +45,14 @@ inline void approx_factors(tensor_stats& t, int k, int out) {
     for (std::size_t j = 0; j < cols; ++j)
       t.col_values[out][b * cols + j] = 1.0f / std::sqrt(t.col_state[k][b * cols + j]);
   }
+}
+
+/// The unclipped update of Adafactor and CAME: (row factor * column factor) * grad for a
+/// factored tensor (factors in row[0] and col[0]), rsqrt(second moment v) * grad otherwise.
+template <bool Factored>
+DISTOPT_HD float factored_update(const element_stats& e, float g, float v) {
+  if constexpr (Factored) return (e.row[0] * e.col[0]) * g;
+  else return (1.0f / std::sqrt(v)) * g;
 }
 
 /// RMS of a tensor from its sum of squares, as torch's `norm(2) / numel ** 0.5` in fp32.
