@@ -183,14 +183,20 @@ result run_policy(const trace& tr, const config& cfg) {
     return with_number("--grad-dtype", cfg.grad_dtype, [&](auto g) {
       using P = typename decltype(p)::type;
       using G = typename decltype(g)::type;
-      // Several ranks: the (param, grad) pairs that training uses, to keep the build small.
-      constexpr bool distributed_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
-      if constexpr (!std::is_same_v<Mode, single_mode> && !distributed_pair) {
-        throw usage_error("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks");
+      // Several ranks, and layer-wise policies (several passes, each instantiated per
+      // number type): the (param, grad) pairs that training uses, to keep the build small.
+      constexpr bool training_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
+      constexpr bool layerwise = distopt::policy_is_layerwise<Policy>;
+      if constexpr ((!std::is_same_v<Mode, single_mode> || layerwise) && !training_pair) {
+        throw usage_error(layerwise ? "--grad-dtype must be fp32 or equal --param-dtype for " + std::string(Policy::name)
+                                    : std::string("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks"));
         return result{};  // gives the lambda its return type
       } else {
         if (cfg.state == "fp32") return run_typed<Policy, Mode, float, P, G>(tr, cfg);
-        if (cfg.state == "bf16") return run_typed<Policy, Mode, distopt::bf16, P, G>(tr, cfg);
+        if (cfg.state == "bf16" && layerwise)
+          throw usage_error("--state bf16: " + std::string(Policy::name) + " keeps fp32 states in distopt-replay");
+        if constexpr (!layerwise)
+          if (cfg.state == "bf16") return run_typed<Policy, Mode, distopt::bf16, P, G>(tr, cfg);
         if (cfg.state == "q8")
           throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
         throw usage_error("--state: unknown encoding '" + cfg.state + "' (fp32 or bf16)");
