@@ -589,11 +589,7 @@ class optimizer {
 
   template <class T>
   std::span<const T> whole_local(const detail::buffer<T, Exec>& b, std::string_view name, const char* what) const {
-    if constexpr (is_sharded) {
-      if (comm_.size() > 1)
-        throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " +
-                               std::string(what) + " of '" + std::string(name) + "'; use local_" + what);
-    }
+    require_whole(name, what);
     return local_view(b, name).values;
   }
 
