@@ -66,9 +66,13 @@ row measure(const settings& s, const typename Policy::hyper_params& h, std::stri
   r.param = std::string(distopt::dtype_name(distopt::dtype_of<Param>));
   if (!std::is_same_v<Param, float>) r.param += master ? "+master" : "+sr";
   r.grad = std::string(distopt::dtype_name(distopt::dtype_of<Grad>));
-  r.state = slots ? std::string(distopt::dtype_name(distopt::dtype_of<State>)) : "-";
+  // q8: a code read and written per slot, and an fp32 absmax per 256 elements (read and
+  // written); the tensors under 4096 elements (biases, norms: 0.1 %) keep fp32 states.
+  constexpr bool q8 = distopt::quantized_encoding<State>;
+  if constexpr (q8) r.state = slots ? "q8" : "-";
+  else r.state = slots ? std::string(distopt::dtype_name(distopt::dtype_of<State>)) : "-";
   r.bytes_per_param = 2.0 * sizeof(Param) + sizeof(Grad) + (master ? 8.0 : 0.0) +
-                      2.0 * slots * sizeof(State);
+                      (q8 ? slots * (2.0 + 8.0 / distopt::q8::block) : 2.0 * slots * sizeof(State));
   r.ns_per_param = secs / n * 1e9;
   r.gbps = n * r.bytes_per_param / secs / 1e9;
   r.rw_arrays = 1 + (master ? 1 : 0) + slots;
@@ -88,6 +92,8 @@ void measure_all(const settings& s, const typename Policy::hyper_params& h,
   out.push_back(measure<Policy, float, bf16, bf16>(s, h, options, false));
   out.push_back(measure<Policy, float, bf16, float>(s, h, options));
   out.push_back(measure<Policy, float, fp16, fp16>(s, h, options));
+  out.push_back(measure<Policy, distopt::q8, float, float>(s, h, options));
+  out.push_back(measure<Policy, distopt::q8, bf16, bf16>(s, h, options));
 }
 
 void run_sgd(const settings&, std::vector<row>&);

@@ -64,6 +64,26 @@ CASES = [
      ("adamw", "", "bf16+sr", "bf16", "fp32")),
 ]
 
+# bitsandbytes' 8-bit block-wise optimizers (pip install bitsandbytes; 0.50 runs them on
+# CPU through its C++ CPU backend), against distopt's q8 states. Skipped without it.
+try:
+    import bitsandbytes as bnb  # noqa: E402
+
+    Q8 = 4 + 4 + 4 + 2 * (2 + 8 / 256)  # fp32 param r/w, grad, two codes r/w, absmax
+    CASES += [
+        ("bnb AdamW8bit", lambda ps: bnb.optim.AdamW8bit(ps), torch.float32, Q8,
+         ("adamw", "", "fp32", "fp32", "q8")),
+        ("bnb Adam8bit", lambda ps: bnb.optim.Adam8bit(ps), torch.float32, Q8,
+         ("adam", "", "fp32", "fp32", "q8")),
+        ("bnb Lion8bit", lambda ps: bnb.optim.Lion8bit(ps), torch.float32, 12 + 2 + 8 / 256,
+         ("lion", "", "fp32", "fp32", "q8")),
+        ("bnb SGD8bit momentum", lambda ps: bnb.optim.SGD8bit(ps, lr=1e-2, momentum=0.9), torch.float32,
+         12 + 2 + 8 / 256, ("sgd", "momentum=0.9", "fp32", "fp32", "q8")),
+    ]
+    BNB = f"bitsandbytes {bnb.__version__}"
+except ImportError:
+    BNB = None
+
 
 def time_case(make, dtype, shapes, repeats):
     params = [torch.zeros(s, dtype=dtype, requires_grad=True) for s in shapes]
@@ -114,7 +134,8 @@ def main():
         ratio = mine["ns_per_param"] / ns if mine else float("nan")
         print(f"{name:<22} {ns:>9.3f} {nbytes:>8} {n * nbytes / secs / 1e9:>7.1f} "
               f"{mine['ns_per_param'] if mine else float('nan'):>17.3f} {ratio:>14.2f}")
-        rows.append({"bench": "step", "peer": "torch " + torch.__version__, "case": name, "params": n,
+        peer = BNB if name.startswith("bnb ") else "torch " + torch.__version__
+        rows.append({"bench": "step", "peer": peer, "case": name, "params": n,
                      "threads": a.threads, "ns_per_param": round(ns, 4), "bytes_per_param": nbytes,
                      "gbps": round(n * nbytes / secs / 1e9, 2), "distopt_over_torch": round(ratio, 3)})
     if a.json:

@@ -34,6 +34,7 @@ struct config {
   std::string optimizer = "adamw";
   std::vector<std::pair<std::string, std::string>> sets;  // --set KEY=VALUE, in order
   std::string param_dtype = "fp32";
+  std::string state = "fp32";  // fp32, or q8 (8-bit block-wise states; element-wise policies)
   std::vector<int> hidden{512, 256};
   int epochs = 10;
   int batch_size = 128;
@@ -83,6 +84,7 @@ history train_lion(const config&);
 history train_lamb(const config&);
 history train_adafactor(const config&);
 history train_came(const config&);
+history train_galore_adamw(const config&);
 
 /// Fails early (usage_error naming the package) when gnuplot is not on PATH.
 void require_gnuplot();

@@ -30,10 +30,11 @@ namespace {
 constexpr int max_ranks = 256;
 
 constexpr const char* usage_text =
-    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came]\n"
+    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came|galore_adamw]\n"
     "                             [--set KEY=VALUE]...\n"
     "                             [--epochs N] [--batch-size N] [--hidden W1,W2,...]\n"
-    "                             [--param-dtype fp32|bf16] [--threads N] [--seed N]\n"
+    "                             [--param-dtype fp32|bf16] [--state fp32|q8]\n"
+    "                             [--threads N] [--seed N]\n"
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
     "                             [--ranks N] [--tp T] [--comm threads|mpi]\n"
@@ -44,10 +45,14 @@ constexpr const char* usage_text =
     "                  torch-optimizer's; adafactor: transformers', lr=None with its relative\n"
     "                  step size: --set relative_step=false --set lr=X for a fixed lr; came:\n"
     "                  came-pytorch's) except sgd: lr=0.05 momentum=0.9; lamb: lr=1e-2\n"
-    "                  weight_decay=0.01; came: lr=1e-3. Biases get weight_decay=0.\n"
+    "                  weight_decay=0.01; came: lr=1e-3; galore_adamw: rank=128\n"
+    "                  update_proj_gap=200 scale=0.25 on the hidden layers' weights (the\n"
+    "                  output layer and biases unprojected). Biases get weight_decay=0.\n"
     "  --epochs        default 10             --batch-size  default 128\n"
     "  --hidden        hidden widths, default 512,256\n"
     "  --param-dtype   fp32 (default) or bf16 with fp32 master weights\n"
+    "  --state         optimizer state: fp32 (default) or q8, 8-bit block-wise (sgd, adam,\n"
+    "                  adamw, lion; tensors under 4096 elements keep fp32 states)\n"
     "  --threads       threads of distopt and OpenBLAS per rank; default 2 per process, split\n"
     "                  over the ranks on this machine (at least 1); 0: the cores, split the same\n"
     "                  way. OpenBLAS's count is process-wide: ranks x threads may run at once\n"
@@ -146,9 +151,9 @@ fmnist::config parse_args(int argc, char** argv) {
       cfg.normalize = v == "on";
     } else if (a == "--state") {
       const std::string_view v = value();
-      if (v == "q8") throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
-      if (v != "fp32")
-        throw usage_error("--state " + std::string(v) + ": not supported by this example (fp32 states)");
+      if (v != "fp32" && v != "q8")
+        throw usage_error("--state " + std::string(v) + ": not supported by this example (fp32 or q8)");
+      cfg.state = v;
     } else if (a == "--ranks") {
       cfg.ranks = parse_number<int>(a, value(), 1);
       if (cfg.ranks > max_ranks)
@@ -225,9 +230,15 @@ int main(int argc, char** argv) {
     else if (cfg.optimizer == "lamb") train = fmnist::train_lamb;
     else if (cfg.optimizer == "adafactor") train = fmnist::train_adafactor;
     else if (cfg.optimizer == "came") train = fmnist::train_came;
-    else
+    else if (cfg.optimizer == "galore_adamw") {
+#ifdef DISTOPT_FASHION_MNIST_GALORE
+      train = fmnist::train_galore_adamw;
+#else
+      throw fmnist::usage_error("--optimizer galore_adamw: this distopt-fashion-mnist was built without LAPACK");
+#endif
+    } else
       throw fmnist::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw, lion, lamb, adafactor or came)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor, came or galore_adamw)");
 
     int ranks = std::max(cfg.ranks, 1), ranks_here = ranks * cfg.tp;
 #ifdef DISTOPT_FASHION_MNIST_MPI

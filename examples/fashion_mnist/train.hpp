@@ -52,6 +52,12 @@ void apply_example_defaults(typename Policy::hyper_params& h) {
     h.weight_decay = 0.01;
   } else if constexpr (std::is_same_v<Policy, distopt::came>) {
     h.lr = 1e-3;
+  } else if constexpr (distopt::projects_matrices<Policy>) {
+    // GaLore's recipe (galore-torch's README): rank 128, a new projection every 200 steps,
+    // scale 0.25, for the hidden layers' weights; the output layer stays full-rank.
+    h.rank = 128;
+    h.update_proj_gap = 200;
+    h.scale = 0.25;
   }
 }
 
@@ -89,6 +95,18 @@ struct prepared {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{nullptr, &std::fclose};  // the writer's --log
 };
 
+/// The hyper-parameter groups: 0 weights, 1 biases (no weight decay); for GaLore also 2,
+/// the output layer's weight, with weight decay but no projection.
+template <class Policy>
+std::vector<typename Policy::hyper_params> groups_of(const prepared<Policy>& in) {
+  std::vector<typename Policy::hyper_params> g{in.decay, in.no_decay};
+  if constexpr (distopt::projects_matrices<Policy>) {
+    g.push_back(in.decay);
+    g.back().rank.reset();
+  }
+  return g;
+}
+
 /// Checks what can be wrong with the run (outputs, on the process that writes them, then the
 /// hyper-parameters), then loads the data and opens the log: a typo fails at once.
 template <class Policy>
@@ -98,6 +116,7 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
   p.decay = hyper_from<Policy>(cfg);
   p.no_decay = p.decay;  // group 1: biases, without weight decay as usual in PyTorch recipes
   p.no_decay.weight_decay = 0.0;
+  if constexpr (distopt::projects_matrices<Policy>) p.no_decay.rank.reset();  // biases: not projected
   p.data = load_dataset(cfg);
   if (writer && !cfg.log_path.empty()) {
     p.log.reset(std::fopen(cfg.log_path.c_str(), "w"));
@@ -157,7 +176,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1, distopt::tp_split::none);
       splits.insert(splits.end(), {distopt::tp_split::cols, distopt::tp_split::none});
     } else {
-      tensors.add(fc + ".weight", {m, k}, distopt::dtype_of<Param>, 0);
+      // GaLore: the output layer's weight (10 rows) in group 2, with weight decay but no rank.
+      tensors.add(fc + ".weight", {m, k}, distopt::dtype_of<Param>,
+                  distopt::projects_matrices<Policy> && l == layer_count - 1 ? 2 : 0);
       tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1);
       splits.insert(splits.end(), {distopt::tp_split::none, distopt::tp_split::none});
     }
@@ -169,7 +190,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   options.seed = cfg.seed;
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
   distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, float>> opt(
-      std::move(tensors), {in.decay, in.no_decay}, options, distopt::cpu(cfg.threads), std::move(comm));
+      std::move(tensors), groups_of(in), options, distopt::cpu(cfg.threads), std::move(comm));
   if constexpr (std::is_same_v<Comm, distopt::threads>)
     if (tp_opt) opt.set_tensor_parallel_group(std::move(*tp_opt));
   // The sum of one number over the ranks (a loss, a count of correct answers).
@@ -242,7 +263,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
               << distopt::hyper_params_string<Policy>(in.decay) << " (biases: weight_decay=0)\n"
               << "model: MLP " << shape << ", " << whole_params << " params ";
     if (tp_size > 1) std::cout << "(" << opt.tensors().numel() << " on TP rank 0) ";
-    std::cout << "(" << (fp32_params ? "fp32" : "bf16 with fp32 master weights") << "); data: "
+    std::cout << "(" << (fp32_params ? "fp32" : "bf16 with fp32 master weights")
+              << (decltype(opt)::is_quantized ? ", 8-bit states" : "") << "); data: "
               << data.train.count << " train / " << data.test.count << " test samples; batch "
               << cfg.batch_size;
     if (tp_size > 1)
@@ -364,7 +386,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 /// --comm mpi: one rank per process. Every process checks its inputs and they agree before
 /// training: if any refused, the lowest such rank prints why and every process exits with
 /// code 2 (none is left waiting in a collective for a process that gave up).
-template <class Policy, class Param>
+template <class Policy, class Param, class Enc>
 history train_mpi(const config& cfg) {
 #ifdef DISTOPT_FASHION_MNIST_MPI
   distopt::mpi world(MPI_COMM_WORLD);
@@ -385,7 +407,7 @@ history train_mpi(const config& cfg) {
     if (ranks - static_cast<int>(first_refusing[0]) != rank) throw refused_elsewhere{};
     throw usage_error(rank == 0 ? refusal : "rank " + std::to_string(rank) + ": " + refusal);
   }
-  return train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, *in, "MPI processes", std::move(world));
+  return train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, *in, "MPI processes", std::move(world));
 #else
   (void)cfg;
   throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
@@ -396,16 +418,18 @@ history train_mpi(const config& cfg) {
 /// One rank with replicated state, --ranks N threads, or the MPI world, both with sharded
 /// state. --tp T (threads only): N x T threads, rank r = dp * T + t, the same optimizer
 /// type as --ranks N (sharded over the N data-parallel ranks; with N = 1, over one).
-template <class Policy, class Param>
+template <class Policy, class Param, class Enc>
 history train_typed(const config& cfg) {
   if (cfg.comm == "mpi") {
     if (cfg.tp > 1) throw usage_error("--tp: tensor parallelism runs its ranks as threads only, not with --comm mpi");
-    return train_mpi<Policy, Param>(cfg);
+    // 8-bit states run on one rank and on ranks as threads (fewer instantiations to build).
+    if constexpr (std::is_same_v<Enc, distopt::fp32>) return train_mpi<Policy, Param, Enc>(cfg);
+    else throw usage_error("--state q8: runs with --comm threads (one rank or --ranks N), not --comm mpi");
   }
   const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
   const int dp = std::max(cfg.ranks, 1), tp = std::max(cfg.tp, 1);
   if (dp == 1 && tp == 1)
-    return train_rank<Policy, Param, distopt::replicated<distopt::fp32>>(cfg, in, "", distopt::single{});
+    return train_rank<Policy, Param, distopt::replicated<Enc>>(cfg, in, "", distopt::single{});
   history out;
   distopt::run_ranks(dp * tp, [&](distopt::threads& world) {
     const int rank = world.rank(), d = rank / tp, t = rank % tp;
@@ -415,7 +439,7 @@ history train_typed(const config& cfg) {
       tp_model.emplace(world.split(d, t));
     }
     distopt::threads dp_comm = tp > 1 ? world.split(t, d) : std::move(world);
-    history h = train_rank<Policy, Param, distopt::sharded<distopt::fp32>>(cfg, in, "threads", std::move(dp_comm),
+    history h = train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, in, "threads", std::move(dp_comm),
                                                                            std::move(tp_opt), std::move(tp_model));
     if (rank == 0) out = std::move(h);
   });
@@ -423,10 +447,25 @@ history train_typed(const config& cfg) {
 }
 
 /// Runs `Policy` with the param number type named by --param-dtype.
+template <class Policy, class Enc>
+history train_encoded(const config& cfg) {
+  if (cfg.param_dtype == "fp32") return train_typed<Policy, float, Enc>(cfg);
+  if (cfg.param_dtype == "bf16") return train_typed<Policy, distopt::bf16, Enc>(cfg);
+  throw usage_error("--param-dtype: unknown dtype '" + cfg.param_dtype + "' (fp32 or bf16)");
+}
+
+/// Runs `Policy` with the state encoding named by --state and the param number type named
+/// by --param-dtype.
 template <class Policy>
 history train_policy(const config& cfg) {
-  if (cfg.param_dtype == "fp32") return train_typed<Policy, float>(cfg);
-  if (cfg.param_dtype == "bf16") return train_typed<Policy, distopt::bf16>(cfg);
+  if (cfg.state == "q8") {
+    if constexpr (distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy>)
+      throw usage_error("--state q8: 8-bit states are for element-wise policies (sgd, adam, adamw, lion), not " +
+                        std::string(Policy::name));
+    else return train_encoded<Policy, distopt::q8>(cfg);
+  }
+  if (cfg.param_dtype == "fp32") return train_typed<Policy, float, distopt::fp32>(cfg);
+  if (cfg.param_dtype == "bf16") return train_typed<Policy, distopt::bf16, distopt::fp32>(cfg);
   throw usage_error("--param-dtype: unknown dtype '" + cfg.param_dtype + "' (fp32 or bf16)");
 }
 

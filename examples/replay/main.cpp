@@ -38,6 +38,19 @@ DISTOPT_REPLAY_NO_MPI(adafactor)
 DISTOPT_REPLAY_NO_MPI(came)
 #undef DISTOPT_REPLAY_NO_MPI
 #endif
+// galore_adamw: no MPI mode (its projections run on every rank; threads show the same),
+// and nothing without LAPACK.
+replay::result replay::run_galore_adamw_mpi(const trace&, const config&) {
+  throw usage_error("--comm mpi: galore_adamw runs on one rank or with --ranks N (threads) in distopt-replay");
+}
+#ifndef DISTOPT_REPLAY_GALORE
+replay::result replay::run_galore_adamw_single(const trace&, const config&) {
+  throw usage_error("--optimizer galore_adamw: this distopt-replay was built without LAPACK (install liblapack-dev)");
+}
+replay::result replay::run_galore_adamw_threads(const trace& tr, const config& cfg) {
+  return run_galore_adamw_single(tr, cfg);
+}
+#endif
 
 namespace {
 
@@ -45,15 +58,23 @@ constexpr const char* usage_text =
     "usage: distopt-replay --optimizer NAME --trace IN.safetensors --out OUT.safetensors\n"
     "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
-    "                      [--state fp32|bf16] [--threads N] [--ranks N] [--tp T]\n"
+    "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
+    "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
     "                      [--comm threads|mpi]\n"
+    "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
+    "elements (default 4096; smaller ones keep fp32). --percentile-clipping P (0..100,\n"
+    "default 100 = off) clips each tensor's gradient at the P-th percentile of its last 100\n"
+    "norms, as bitsandbytes.\n"
     "--ranks N runs N ranks as threads with sharded state (rank 0 gets the trace's gradient,\n"
     "the others zeros, summed): the output equals one rank's byte for byte. --comm mpi runs\n"
     "one rank per MPI process (start it with mpirun -np N); rank 0 writes the output.\n"
     "--tp T (threads only) adds T tensor-parallel ranks per data-parallel rank: each matrix\n"
     "is split over them by rows (dim 0) or, when its rows do not divide, by columns; the\n"
     "output is the reassembled tensors.\n"
-    "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came (hyper-parameters by the\n"
+    "galore_adamw puts the 2-D tensors not named *.bias in a group with the GaLore keys\n"
+    "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
+    "plain group, as tests/reference/galore_cases.txt describes.\n"
+    "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw (hyper-parameters by the\n"
     "reference implementations' argument names, tuples as comma lists: --set betas=0.9,0.95,\n"
     "None for an unset optional: --set beta1=None)\n";
 
@@ -102,6 +123,14 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--threads") {
       cfg.threads = parse_int(a, value());
       if (cfg.threads < 0) throw replay::usage_error("--threads: must be >= 0 (0 = one per core)");
+    } else if (a == "--min-8bit-size") {
+      const int n = parse_int(a, value());
+      if (n < 0) throw replay::usage_error("--min-8bit-size: must be >= 0");
+      cfg.min_8bit_size = static_cast<std::size_t>(n);
+    } else if (a == "--percentile-clipping") {
+      cfg.percentile_clipping = parse_int(a, value());
+      if (cfg.percentile_clipping < 0 || cfg.percentile_clipping > 100)
+        throw replay::usage_error("--percentile-clipping: must be between 0 and 100 (100 = off)");
     } else if (a == "--ranks") {
       cfg.ranks = parse_int(a, value());
       if (cfg.ranks < 1 || cfg.ranks > 1024) throw replay::usage_error("--ranks: must be between 1 and 1024");
@@ -187,10 +216,11 @@ int main(int argc, char** argv) {
     DISTOPT_REPLAY_PICK(lamb)
     DISTOPT_REPLAY_PICK(adafactor)
     DISTOPT_REPLAY_PICK(came)
+    DISTOPT_REPLAY_PICK(galore_adamw)
 #undef DISTOPT_REPLAY_PICK
     if (!run)
       throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw, lion, lamb, adafactor or came)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor, came or galore_adamw)");
     replay::trace tr;
     try {
       tr = load_trace(io.trace);

@@ -36,6 +36,8 @@ struct config {
   int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
   int tp = 1;                // --tp T: T tensor-parallel ranks per data-parallel rank (threads)
   std::string comm = "threads";
+  std::size_t min_8bit_size = 4096;  // --min-8bit-size N (--state q8)
+  int percentile_clipping = 100;     // --percentile-clipping P
 };
 
 /// Final params by name, fp32.
@@ -53,6 +55,7 @@ DISTOPT_REPLAY_DECLARE(lion)
 DISTOPT_REPLAY_DECLARE(lamb)
 DISTOPT_REPLAY_DECLARE(adafactor)
 DISTOPT_REPLAY_DECLARE(came)
+DISTOPT_REPLAY_DECLARE(galore_adamw)
 #undef DISTOPT_REPLAY_DECLARE
 
 }  // namespace replay

@@ -61,6 +61,19 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     throw usage_error(std::string("--set ") + e.what());
   }
 
+  // galore_adamw: the GaLore group (group 1, with the rank) holds the matrices not named
+  // *.bias; everything else is in a plain group (group 0), as in tests/reference.
+  std::vector<typename Policy::hyper_params> groups{h};
+  if constexpr (distopt::projects_matrices<Policy>) {
+    auto plain = h;
+    plain.rank.reset();
+    groups = {plain, h};
+  }
+  const auto group_of = [&](const std::string& n, const std::vector<std::int64_t>& shape) {
+    if constexpr (!distopt::projects_matrices<Policy>) return 0;
+    const bool bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    return shape.size() == 2 && !bias ? 1 : 0;
+  };
   distopt::layout lay;
   std::vector<distopt::tp_split> splits;
   for (const auto& n : tr.names) {
@@ -70,14 +83,16 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     if (split == distopt::tp_split::rows) shape.front() /= tp.size;
     if (split == distopt::tp_split::cols) shape.back() /= tp.size;
     splits.push_back(split);
-    lay.add(n, shape, distopt::dtype_of<Param>, 0, split);
+    lay.add(n, shape, distopt::dtype_of<Param>, group_of(n, shape), split);
   }
   distopt::optimizer_options opts;
   opts.master_weights = cfg.master_weights;
   opts.grad_reduce = distopt::reduce_op::sum;
+  opts.min_8bit_size = cfg.min_8bit_size;
+  opts.percentile_clipping = cfg.percentile_clipping;
   const int rank = comm.rank();
   distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, Grad>> opt(
-      std::move(lay), h, opts, distopt::cpu(cfg.threads), std::move(comm));
+      std::move(lay), groups, opts, distopt::cpu(cfg.threads), std::move(comm));
   if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
   // Element i of this rank's part of tensor k is element at(k, i) of the trace's tensor.
@@ -186,7 +201,8 @@ result run_policy(const trace& tr, const config& cfg) {
       // Several ranks, and layer-wise policies (several passes, each instantiated per
       // number type): the (param, grad) pairs that training uses, to keep the build small.
       constexpr bool training_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
-      constexpr bool layerwise = distopt::policy_is_layerwise<Policy>;
+      // GaLore (projected matrices) is built like the layer-wise policies: fp32 states.
+      constexpr bool layerwise = distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy>;
       if constexpr ((!std::is_same_v<Mode, single_mode> || layerwise) && !training_pair) {
         throw usage_error(layerwise ? "--grad-dtype must be fp32 or equal --param-dtype for " + std::string(Policy::name)
                                     : std::string("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks"));
@@ -197,9 +213,16 @@ result run_policy(const trace& tr, const config& cfg) {
           throw usage_error("--state bf16: " + std::string(Policy::name) + " keeps fp32 states in distopt-replay");
         if constexpr (!layerwise)
           if (cfg.state == "bf16") return run_typed<Policy, Mode, distopt::bf16, P, G>(tr, cfg);
-        if (cfg.state == "q8")
-          throw usage_error("--state q8: 8-bit states are not supported yet (planned)");
-        throw usage_error("--state: unknown encoding '" + cfg.state + "' (fp32 or bf16)");
+        if (cfg.state == "q8") {
+          // 8-bit states: element-wise policies, fp32 or bf16 params (to keep the build small).
+          if constexpr (!layerwise && (std::is_same_v<P, float> || std::is_same_v<P, distopt::bf16>) &&
+                        (std::is_same_v<G, P> || std::is_same_v<G, float>))
+            return run_typed<Policy, Mode, distopt::q8, P, G>(tr, cfg);
+          throw usage_error(layerwise ? "--state q8: 8-bit states are for element-wise policies, not " + std::string(Policy::name)
+                                      : std::string("--state q8: distopt-replay takes fp32 or bf16 params with q8, and grads "
+                                                    "of the param dtype or fp32"));
+        }
+        throw usage_error("--state: unknown encoding '" + cfg.state + "' (fp32, bf16 or q8)");
       }
     });
   });

@@ -13,6 +13,7 @@
 
 #include "comm/request.hpp"
 #include "layerwise.hpp"
+#include "storage/q8.hpp"
 #include "step_info.hpp"
 #include "types/dtype.hpp"
 
@@ -120,9 +121,29 @@ concept optimizer_policy = policy_declares_state<P> && policy_has_hyper_params<P
 // state_storage: where optimizer state lives and how it is encoded.
 // ---------------------------------------------------------------------------------------
 
-/// A number type optimizer state can be stored in (decoded to fp32 for the update).
+/// How optimizer state can be stored (decoded to fp32 for the update): a number type, or
+/// a quantized encoding such as distopt::q8 (8-bit codes with a scale per block).
 template <class E>
-concept state_encoding = number<E>;
+concept state_encoding = number<E> || quantized_encoding<E>;
+
+/// Policies that update the tensors of some groups as whole matrices through a low-rank
+/// projection (GaLore) name their projector type here; the projector's header
+/// (policy/galore_adamw.hpp) specialises it. `void`: an ordinary element-wise policy.
+template <class P>
+struct matrix_projector {
+  using type = void;
+};
+template <class P>
+inline constexpr bool projects_matrices = !std::is_void_v<typename matrix_projector<P>::type>;
+
+/// Whether state slot `k` of policy P never holds a negative value (a second moment), so
+/// that 8-bit states use the unsigned map for it. Policies say so with
+/// `static constexpr bool nonnegative_slot(int k)`; without it every slot is signed.
+template <class P>
+constexpr bool state_slot_nonnegative(int k) {
+  if constexpr (requires { P::nonnegative_slot(0); }) return P::nonnegative_slot(k);
+  else return false;
+}
 
 /// Models the placement and encoding of optimizer state. Opt in with
 /// `using storage_concept = distopt::storage_tag;`, name the `encoding`, and say

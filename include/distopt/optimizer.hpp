@@ -25,6 +25,7 @@
 #include "detail/fixed_sum.hpp"
 #include "detail/layer_loop.hpp"
 #include "detail/layout_check.hpp"
+#include "detail/q8_loop.hpp"
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "exec/cpu.hpp"
@@ -33,6 +34,7 @@
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
 #include "step_info.hpp"
+#include "storage/q8.hpp"
 #include "storage/replicated.hpp"
 #include "storage/sharded.hpp"
 #include "types/dtype.hpp"
@@ -71,6 +73,15 @@ struct optimizer_options {
   bool gather_params = true;
   /// Elements per communication bucket: whole tensors are grouped until a bucket reaches it.
   std::size_t bucket_elems = std::size_t{1} << 22;
+  /// q8 storage: tensors with fewer elements (counted over the whole tensor, never a
+  /// shard) keep fp32 states, as bitsandbytes' min_8bit_size.
+  std::size_t min_8bit_size = 4096;
+  /// Percentile clipping (bitsandbytes' percentile_clipping; 100 = off): each tensor keeps
+  /// the squared norms of its last 100 gradients (all 100 set on the first step), and a
+  /// gradient whose norm exceeds the `percentile_clipping`-th smallest of them is scaled
+  /// down to it. Norms are of the whole tensor, summed exactly over shards and TP ranks.
+  /// Element-wise policies only.
+  int percentile_clipping = 100;
 };
 
 /// One rank's part of a tensor's master weights or state: `values` are elements
@@ -78,6 +89,12 @@ struct optimizer_options {
 template <class T>
 struct shard_view {
   std::span<T> values;
+  std::size_t first = 0;
+};
+
+/// A decoded copy of one rank's part of a tensor's state: elements [first, first + size).
+struct shard_values {
+  std::vector<float> values;
   std::size_t first = 0;
 };
 
@@ -97,6 +114,12 @@ consteval bool check_optimizer_arguments() {
                 "distopt::optimizer: the Policy needs `DISTOPT_HD static void update(const "
                 "scalars&, float& param, float grad, float* state)` taking param by non-const "
                 "reference, or the phases of a layer-wise policy (see distopt/layerwise.hpp)");
+  static_assert(!(policy_is_layerwise<Policy> && quantized_encoding<typename Storage::encoding>),
+                "distopt::optimizer: 8-bit (q8) states are for element-wise policies (sgd, adam, "
+                "adamw, lion, custom ones); the layer-wise policies keep fp32 or bf16 states");
+  static_assert(!(projects_matrices<Policy> && quantized_encoding<typename Storage::encoding>),
+                "distopt::optimizer: GaLore with 8-bit (q8) projected states is not supported yet; "
+                "use fp32 or bf16 states");
   static_assert(state_storage<Storage>,
                 "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
                 "distopt::replicated<distopt::fp32>");
@@ -130,8 +153,14 @@ class optimizer {
   using hyper_params = typename Policy::hyper_params;
   using param_type = typename Precision::param_type;
   using grad_type = typename Precision::grad_type;
+  /// The state encoding: fp32 (float), bf16 or q8.
   using state_type = typename Storage::encoding;
   static constexpr bool is_sharded = Storage::is_sharded;
+  /// True for 8-bit block-wise states (q8): codes plus an fp32 absmax per 256 elements.
+  static constexpr bool is_quantized = quantized_encoding<state_type>;
+  /// True for policies that update some tensors as whole matrices through a projection
+  /// (GaLore: include distopt/policy/galore_adamw.hpp and link distopt::galore).
+  static constexpr bool projects = projects_matrices<Policy>;
   /// True for policies whose step needs per-tensor, per-row or per-column statistics.
   static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
 
@@ -165,6 +194,12 @@ class optimizer {
     }
     if (options_.grad_reduce == reduce_op::max)
       throw std::invalid_argument("distopt::optimizer: grad_reduce must be sum or avg, not max");
+    if (options_.percentile_clipping < 0 || options_.percentile_clipping > 100)
+      throw std::invalid_argument("distopt::optimizer: percentile_clipping must be in [0, 100] (100 = off), got " +
+                                  std::to_string(options_.percentile_clipping));
+    if (is_layerwise && options_.percentile_clipping < 100)
+      throw std::invalid_argument(std::string(Policy::name) +
+                                  ": percentile_clipping is for element-wise policies (set it to 100)");
     if (options_.bucket_elems == 0)
       throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
     if (chunk_elems % layout_.block_size() != 0)
@@ -187,8 +222,21 @@ class optimizer {
       staging_ = detail::buffer<float, Exec>(exec_, largest);
     }
     if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
+    if (options_.percentile_clipping < 100) {
+      const auto tensors = layout_.tensors();
+      gnorm_vec_.assign(tensors.size(), {});
+      for (const detail::shard_bucket& b : plan_.buckets())
+        for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+          const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
+          if (lo / b.shard_elems != hi / b.shard_elems) straddlers_.push_back(i);
+        }
+    }
     if constexpr (is_layerwise) {
       init_layerwise();
+    } else if constexpr (is_quantized) {
+      init_q8();
+    } else if constexpr (projects) {
+      init_projection();
     } else {
       for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
     }
@@ -216,7 +264,9 @@ class optimizer {
   }
   /// State slot `k` of tensor `name` (slot meaning is the policy's, e.g. adam: 0 exp_avg);
   /// replicated storage only: with sharded storage use local_state.
-  std::span<const state_type> state(std::string_view name, int k) const {
+  std::span<const state_type> state(std::string_view name, int k) const
+    requires(!is_quantized)
+  {
     if constexpr (is_layerwise) {
       check_slot(k);
       require_whole(name, "state");
@@ -231,9 +281,79 @@ class optimizer {
     return local_view(master_, name);
   }
   /// This rank's part of state slot `k` of tensor `name` (all of it when replicated).
-  shard_view<const state_type> local_state(std::string_view name, int k) const {
+  shard_view<const state_type> local_state(std::string_view name, int k) const
+    requires(!is_quantized)
+  {
     if constexpr (is_layerwise) return layer_local_state(name, check_slot(k));
+    else if constexpr (projects) return projected_local_state(name, check_slot(k));
     else return local_view(states_[check_slot(k)], name);
+  }
+  /// GaLore: state slot `k` of the projected gradient of tensor `name` (a matrix of a group
+  /// with a rank), low_rank_shape(m, n) elements row-major; every rank keeps all of it.
+  std::span<const float> projected_state(std::string_view name, int k) const
+    requires projects
+  {
+    return matrix_of(name).state[static_cast<std::size_t>(check_slot(k))];
+  }
+  /// GaLore: the projector of tensor `name` (its rank, side and current projection).
+  const auto& projector(std::string_view name) const
+    requires projects
+  {
+    return matrix_of(name).proj;
+  }
+  /// This rank's part of state slot `k` of tensor `name`, decoded to fp32 (any encoding;
+  /// q8 codes read back as map[code] * absmax).
+  shard_values local_state_values(std::string_view name, int k) const {
+    check_slot(k);
+    if constexpr (is_quantized) {
+      const q8_part q = q8_part_of(name);
+      shard_values out{std::vector<float>(q.count), q.first};
+      if (!q.quantized) {
+        std::copy_n(small_[k].data() + q.offset, q.count, out.values.data());
+        return out;
+      }
+      const detail::q8_codebook& book = codebook(k);
+      for (std::size_t i = 0; i < q.count; ++i)
+        out.values[i] = book.value(states_[k].data()[q.offset + i]) * absmax_[k].data()[(q.offset + i) / q8::block];
+      return out;
+    } else {
+      const shard_view<const state_type> v = local_state(name, k);
+      shard_values out{std::vector<float>(v.values.size()), v.first};
+      for (std::size_t i = 0; i < v.values.size(); ++i) out.values[i] = to_float(v.values[i]);
+      return out;
+    }
+  }
+  /// State slot `k` of tensor `name`, decoded to fp32; replicated storage only.
+  std::vector<float> state_values(std::string_view name, int k) const {
+    require_whole(name, "state");
+    return local_state_values(name, k).values;
+  }
+  /// q8: whether tensor `name` keeps 8-bit states (false below min_8bit_size: fp32).
+  bool state_is_quantized(std::string_view name) const
+    requires is_quantized
+  {
+    return q8_part_of(name).quantized;
+  }
+  /// q8: this rank's codes of state slot `k` of tensor `name` (`first`: the index of the
+  /// first element in the tensor); empty for tensors that keep fp32 states.
+  shard_view<const std::uint8_t> local_state_codes(std::string_view name, int k) const
+    requires is_quantized
+  {
+    check_slot(k);
+    const q8_part q = q8_part_of(name);
+    if (!q.quantized) return {};
+    return {std::span<const std::uint8_t>(states_[k].data() + q.offset, q.count), q.first};
+  }
+  /// q8: the absmax of each block of this rank's part (`first`: the index of the first
+  /// block in the tensor, blocks of q8::block elements counted from the tensor's start).
+  shard_view<const float> local_state_absmax(std::string_view name, int k) const
+    requires is_quantized
+  {
+    check_slot(k);
+    const q8_part q = q8_part_of(name);
+    if (!q.quantized) return {};
+    return {std::span<const float>(absmax_[k].data() + q.offset / q8::block, (q.count + q8::block - 1) / q8::block),
+            q.first / q8::block};
   }
   /// Layer-wise policies: row state `k` of a factored tensor (e.g. Adafactor's
   /// exp_avg_sq_row), indexed [matrix * rows + row] over this TP rank's rows. Every DP
@@ -393,6 +513,7 @@ class optimizer {
     ++step_;
     if (uses_master() && !master_ready_) load_master_from_params();
     const float grad_scale = static_cast<float>(coef / loss_scale());
+    if (options_.percentile_clipping < 100) percentile_scales(coef);
     if constexpr (is_layerwise) {
       if (reduces_in_fp32()) run_layer_step<float>(grads32_.data(), grad_scale);
       else run_layer_step<grad_type>(grads_.data(), grad_scale);
@@ -460,10 +581,39 @@ class optimizer {
       if (rows) r.entries.push_back({"state rows", rows});
       if (cols) r.entries.push_back({"state cols", cols});
       r.entries.push_back({"statistics", stats});
+    } else if constexpr (is_quantized) {
+      // Codes of the 8-bit tensors (their last partial blocks padded), one fp32 absmax
+      // per block, and the fp32 states of the tensors below min_8bit_size.
+      std::size_t quantized = 0;
+      for (std::size_t c = 0; c < plan_.pieces().size(); ++c)
+        if (q8_piece_[c].quantized) quantized += plan_.pieces()[c].count;
+      for (int k = 0; k < slots_; ++k) {
+        add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), quantized);
+        if (absmax_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " absmax", absmax_[k].bytes()});
+        if (small_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " fp32", small_[k].bytes()});
+      }
+    } else if constexpr (projects) {
+      // Element states of the tensors updated element-wise (compact), and for each
+      // projected matrix its low-rank states, projection and one m x n work buffer (the
+      // largest) that every rank holding the matrix keeps.
+      std::size_t states = 0, projections = 0, work = 0;
+      for (const auto& t : matrices_) {
+        if (t.state[0].empty()) continue;  // another rank's matrix
+        for (const auto& st : t.state) states += st.size() * sizeof(float);
+        projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);  // after the first step
+        const auto low = t.proj.low_rank_shape(t.m, t.n);
+        work = std::max(work, static_cast<std::size_t>(2 * t.m * t.n + low[0] * low[1]) * sizeof(float));
+      }
+      for (int k = 0; k < slots_; ++k)
+        if (states_[k].bytes()) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
+      r.entries.push_back({"state projected", states});
+      r.entries.push_back({"projections", projections});
+      r.entries.push_back({"projection work", work});
     } else {
       for (int k = 0; k < slots_; ++k)
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
     }
+    if (!gnorm_vec_.empty()) r.entries.push_back({"clip history", gnorm_vec_.size() * sizeof(gnorm_vec_[0])});
     r.entries.push_back({"padding", padding});
     r.entries.push_back({"comm buffers", staging_.bytes()});
     return r;
@@ -640,6 +790,35 @@ class optimizer {
     else return detail::param_mode::no_master_rne;
   }
 
+  /// q8: one piece, through the 8-bit loop or, for tensors below min_8bit_size, the
+  /// plain loop over their fp32 states.
+  template <detail::param_mode Mode, int N, class G>
+  void run_q8_piece(const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
+                    std::size_t c) {
+    const detail::shard_piece& pc = plan_.pieces()[c];
+    const q8_piece& q = q8_piece_[c];
+    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
+    param_type* p = params_.data() + pc.buffer;
+    const G* g = grads + (local ? pc.local : pc.buffer);
+    float* m = uses_master() ? master_.data() + pc.local : nullptr;
+    if (q.quantized) {
+      detail::q8_args<param_type, G> a{p, g, m, {}, {}, {}, {}, {}, grad_scale, key, pc.layout};
+      for (int k = 0; k < N; ++k) {
+        const detail::q8_codebook& book = codebook(k);
+        a.code[k] = states_[k].data() + q.offset;
+        a.absmax[k] = absmax_[k].data() + q.offset / q8::block;
+        a.map[k] = book.values().data();
+        a.lut_code[k] = book.lookup_codes();
+        a.lut_thr[k] = book.lookup_thresholds();
+      }
+      detail::update_range_q8<Policy, N, Mode>(sc, a, pc.count);
+    } else {
+      detail::update_args<param_type, G, float> a{p, g, m, {}, grad_scale, key, pc.layout};
+      for (int k = 0; k < N; ++k) a.state[k] = small_[k].data() + q.offset;
+      detail::update_range<Policy, N, Mode>(sc, a, pc.count);
+    }
+  }
+
   template <detail::param_mode Mode, int N, class G>
   void run_with(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
                 std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
@@ -648,11 +827,21 @@ class optimizer {
     exec_.parallel_for(b.end_piece - b.first_piece, [&](std::size_t c) {
       const detail::shard_piece& pc = pieces[b.first_piece + c];
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
-      detail::update_args<param_type, G, state_type> a{
-          params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
-          uses_master() ? master_.data() + pc.local : nullptr, {}, grad_scale, key, pc.layout};
-      for (int k = 0; k < N; ++k) a.state[k] = states_[k].data() + pc.local;
-      detail::update_range<Policy, N, Mode>(sc[static_cast<std::size_t>(pc.group)], a, pc.count);
+      const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
+      if constexpr (is_quantized) {
+        run_q8_piece<Mode, N>(sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
+      } else {
+        std::size_t at = pc.local;
+        if constexpr (projects) {
+          if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
+          at = state_offset_[b.first_piece + c];
+        }
+        detail::update_args<param_type, G, state_type> a{
+            params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
+            uses_master() ? master_.data() + pc.local : nullptr, {}, scale, key, pc.layout};
+        for (int k = 0; k < N; ++k) a.state[k] = states_[k].data() + at;
+        detail::update_range<Policy, N, Mode>(sc[static_cast<std::size_t>(pc.group)], a, pc.count);
+      }
     });
   }
 
@@ -665,6 +854,7 @@ class optimizer {
     const auto& buckets = plan_.buckets();
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
+      if constexpr (projects) project_bucket<Mode>(sc, grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         ((std::find(active.begin(), active.end(), N) != active.end()
               ? run_with<Mode, N>(sc, grads, grad_scale, key, active, buckets[k])
@@ -690,6 +880,253 @@ class optimizer {
         options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)));
     if (uses_master()) run_mode<mode_for(true)>(sc, grads, grad_scale, key, active);
     else run_mode<mode_for(false)>(sc, grads, grad_scale, key, active);
+  }
+
+  /// Percentile clipping: the exact squared norm of each tensor's (unscaled, clipped)
+  /// gradient, all-reduced over DP for the tensors cut across ranks and over TP for split
+  /// ones; then each tensor's history and scale, as bitsandbytes' percentile_clipping.
+  void percentile_scales(double coef) {
+    const auto tensors = layout_.tensors();
+    const auto& pieces = plan_.pieces();
+    const bool local = reduces_in_fp32();
+    const double inv = 1.0 / loss_scale();
+    std::vector<detail::exact_sum> piece_sums(pieces.size());
+    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
+      const detail::shard_piece& pc = pieces[c];
+      if (local) detail::add_block_squares(piece_sums[c], grads32_.data() + pc.local, inv, pc.count, layout_.block_size());
+      else detail::add_block_squares(piece_sums[c], grads_.data() + pc.buffer, inv, pc.count, layout_.block_size());
+    });
+    std::vector<detail::exact_sum> sums(tensors.size());
+    for (std::size_t c = 0; c < pieces.size(); ++c) sums[pieces[c].tensor].add(piece_sums[c]);
+    const auto all_reduce = [&](auto& group, const std::vector<std::size_t>& which) {
+      if (which.empty()) return;
+      constexpr std::size_t W = detail::exact_sum::wire_size;
+      std::vector<double> wire(which.size() * W);
+      for (std::size_t j = 0; j < which.size(); ++j)
+        sums[which[j]].to_wire(std::span<double, W>(wire.data() + j * W, W));
+      group.all_reduce(std::span<double>(wire), reduce_op::sum);
+      for (std::size_t j = 0; j < which.size(); ++j)
+        sums[which[j]] = detail::exact_sum::from_wire(std::span<const double, W>(wire.data() + j * W, W));
+    };
+    if (is_sharded && comm_.size() > 1) all_reduce(comm_, straddlers_);
+    if (tp_) {
+      std::vector<std::size_t> split;
+      for (std::size_t i = 0; i < tensors.size(); ++i)
+        if (tensors[i].tp != tp_split::none) split.push_back(i);
+      all_reduce(*tp_, split);
+    }
+    clip_scale_.assign(tensors.size(), 1.0f);
+    const std::size_t at = static_cast<std::size_t>(step_ % 100);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      auto& vec = gnorm_vec_[i];
+      const float sq = static_cast<float>(sums[i].value() * coef * coef);
+      if (step_ == 1) vec.fill(sq);
+      else vec[at] = sq;
+      std::array<float, 100> sorted = vec;
+      std::sort(sorted.begin(), sorted.end());
+      const float current = std::sqrt(vec[at]);
+      const float clip = std::sqrt(sorted[static_cast<std::size_t>(options_.percentile_clipping)]);
+      if (current > clip) clip_scale_[i] = clip / current;
+    }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // Matrix projection (GaLore): the 2-D tensors of groups with a rank.
+  //
+  // Every rank holding part of such a matrix gets its whole reduced gradient (sharded
+  // storage all-gathers the reduced grads of the buckets holding one: (d-1)/d of their
+  // bytes more than ZeRO's step), projects it, updates the low-rank Adam states and
+  // projects back the same way (so every rank computes the same bits, for any d), and
+  // applies the update to its own elements of the master weights / params.
+  // ---------------------------------------------------------------------------------
+
+  using projector_type = std::conditional_t<projects, typename matrix_projector<Policy>::type, char>;
+  struct projected_matrix {
+    std::size_t tensor = 0;
+    std::int64_t m = 0, n = 0;
+    projector_type proj;
+    std::array<std::vector<float>, 2> state;
+  };
+
+  const projected_matrix& matrix_of(std::string_view name) const {
+    const std::size_t i = index_of(name);
+    if (matrix_index_[i] < 0)
+      throw std::out_of_range(std::string(Policy::name) + ": tensor '" + std::string(name) +
+                              "' is not projected (not a matrix of a group with a rank)");
+    return matrices_[static_cast<std::size_t>(matrix_index_[i])];
+  }
+
+  void init_projection() {
+    const auto tensors = layout_.tensors();
+    matrix_index_.assign(tensors.size(), -1);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const hyper_params& h = groups_[static_cast<std::size_t>(tensors[i].group)];
+      if (!Policy::projects(h)) continue;
+      const auto& t = tensors[i];
+      if (t.shape.size() != 2)
+        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name + "' is " +
+                                    std::to_string(t.shape.size()) +
+                                    "-D, in a group with a rank: projected tensors must be matrices (put "
+                                    "it in a group without a rank, as galore-torch users do)");
+      if (t.tp != tp_split::none)
+        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
+                                    "' is split over tensor-parallel ranks; projecting it needs the whole matrix");
+      projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}};
+      const auto low = pm.proj.low_rank_shape(pm.m, pm.n);  // checks the rank against the shape
+      // Its low-rank states live on the ranks that hold part of it.
+      bool held = false;
+      for (const detail::shard_piece& pc : plan_.pieces()) held = held || pc.tensor == i;
+      if (held)
+        for (auto& st : pm.state) st.assign(static_cast<std::size_t>(low[0] * low[1]), 0.0f);
+      matrix_index_[i] = static_cast<int>(matrices_.size());
+      matrices_.push_back(std::move(pm));
+    }
+    if (!matrices_.empty() && reduces_in_fp32())
+      throw std::invalid_argument(std::string(Policy::name) +
+                                  ": grad_reduce_in_fp32 is not supported with projected matrices");
+    const auto& pieces = plan_.pieces();
+    state_offset_.assign(pieces.size(), 0);
+    std::size_t size = 0;
+    for (std::size_t c = 0; c < pieces.size(); ++c)
+      if (matrix_index_[pieces[c].tensor] < 0) {
+        state_offset_[c] = size;
+        size += pieces[c].count;
+      }
+    for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, size);
+  }
+
+  shard_view<const state_type> projected_local_state(std::string_view name, int k) const {
+    const std::size_t i = index_of(name);
+    if (matrix_index_[i] >= 0) return {};
+    const auto& pieces = plan_.pieces();
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      if (pieces[c].tensor != i) continue;
+      std::size_t n = 0;
+      for (std::size_t e = c; e < pieces.size() && pieces[e].tensor == i; ++e) n += pieces[e].count;
+      return {std::span<const state_type>(states_[k].data() + state_offset_[c], n),
+              pieces[c].layout - layout_.tensors()[i].offset};
+    }
+    return {};
+  }
+
+  /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
+  /// matrix: project, update the low-rank states, project back, apply to this rank's part.
+  template <detail::param_mode Mode>
+  void project_bucket(const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
+                      const detail::shard_bucket& b) {
+    bool any = false;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || matrix_index_[i] >= 0;
+    if (!any) return;
+    if (is_sharded && comm_.size() > 1) {
+      grad_type* g = grads_.data() + b.buffer_begin;
+      comm_.all_gather(std::span<const grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems),
+                       std::span<grad_type>(g, b.padded()));
+    }
+    const auto& pieces = plan_.pieces();
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      if (matrix_index_[i] < 0) continue;
+      bool held = false;
+      for (std::size_t c = b.first_piece; c < b.end_piece; ++c) held = held || pieces[c].tensor == i;
+      if (!held) continue;  // another rank's: nothing of it to update here
+      projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
+      const tensor_slot& t = layout_.tensors()[i];
+      const auto& s = sc[static_cast<std::size_t>(t.group)];
+      const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[i];
+      const std::size_t mn = t.numel;
+      const auto low_shape = pm.proj.low_rank_shape(pm.m, pm.n);
+      const std::size_t ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
+      work_.resize(2 * mn + ln);
+      float* full = work_.data();
+      float* low = full + mn;
+      float* back = low + ln;
+      const grad_type* g = grads_.data() + plan_.tensor_buffer(i);
+      for (std::size_t e = 0; e < mn; ++e) full[e] = to_float(g[e]) * scale;
+      if (pm.proj.refresh_due(step_ - 1)) pm.proj.refresh(full, pm.m, pm.n);
+      pm.proj.project(full, low);
+      for (std::size_t e = 0; e < ln; ++e) {
+        float st[2] = {pm.state[0][e], pm.state[1][e]};
+        low[e] = Policy::moments(s, low[e], st);
+        pm.state[0][e] = st[0];
+        pm.state[1][e] = st[1];
+      }
+      pm.proj.project_back(low, back);
+      for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
+        const detail::shard_piece& pc = pieces[c];
+        if (pc.tensor != i) continue;
+        const std::size_t first = pc.layout - t.offset;
+        param_type* p = params_.data() + pc.buffer;
+        float* m = uses_master() ? master_.data() + pc.local : nullptr;
+        for (std::size_t e = 0; e < pc.count; ++e) {
+          float value = Mode == detail::param_mode::master ? m[e] : to_float(p[e]);
+          Policy::apply(s, value, back[first + e]);
+          if constexpr (Mode == detail::param_mode::master) {
+            m[e] = value;
+            p[e] = from_float<param_type>(value);
+          } else if constexpr (Mode == detail::param_mode::no_master_sr) {
+            p[e] = stochastic_round_bf16(value, detail::mix32(key, pc.layout + e));
+          } else {
+            p[e] = from_float<param_type>(value);
+          }
+        }
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------------
+  // 8-bit block-wise states (q8).
+  // ---------------------------------------------------------------------------------
+
+  /// Slot k's map: unsigned for the slots the policy declares non-negative.
+  static const detail::q8_codebook& codebook(int k) {
+    return state_slot_nonnegative<Policy>(k) ? detail::unsigned_codebook() : detail::signed_codebook();
+  }
+
+  /// Compact buffers: the codes of the tensors with at least min_8bit_size elements (each
+  /// piece padded to whole blocks, so that a piece's blocks are its tensor's blocks), and
+  /// the fp32 states of the others. Codes start as the code of 0, absmax as 0.
+  void init_q8() {
+    if (layout_.block_size() % q8::block != 0)
+      throw std::invalid_argument("distopt::optimizer: q8 states need a layout block size that is a multiple of " +
+                                  std::to_string(q8::block) + " elements, got " +
+                                  std::to_string(layout_.block_size()));
+    const auto& pieces = plan_.pieces();
+    q8_piece_.assign(pieces.size(), {});
+    std::size_t codes = 0, small = 0;
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      const bool quantized = layout_.tensors()[pieces[c].tensor].numel >= options_.min_8bit_size;
+      q8_piece_[c] = {quantized, quantized ? codes : small};
+      if (quantized) codes += (pieces[c].count + q8::block - 1) / q8::block * q8::block;
+      else small += pieces[c].count;
+    }
+    for (int k = 0; k < slots_; ++k) {
+      states_[k] = detail::buffer<std::uint8_t, Exec>(exec_, codes);
+      std::fill_n(states_[k].data(), codes, codebook(k).zero_code());
+      absmax_[k] = detail::buffer<float, Exec>(exec_, codes / q8::block);
+      small_[k] = detail::buffer<float, Exec>(exec_, small);
+    }
+  }
+
+  /// Where this rank's part of a tensor sits in the q8 buffers.
+  struct q8_part {
+    bool quantized = false;
+    std::size_t offset = 0, count = 0, first = 0;
+  };
+  q8_part q8_part_of(std::string_view name) const {
+    const std::size_t i = index_of(name);
+    const auto& pieces = plan_.pieces();
+    q8_part q;
+    q.quantized = layout_.tensors()[i].numel >= options_.min_8bit_size;
+    bool found = false;
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      if (pieces[c].tensor != i) continue;
+      if (!found) {
+        q.offset = q8_piece_[c].offset;
+        q.first = pieces[c].layout - layout_.tensors()[i].offset;
+        found = true;
+      }
+      q.count += pieces[c].count;
+    }
+    return q;
   }
 
   // ---------------------------------------------------------------------------------
@@ -1123,7 +1560,22 @@ class optimizer {
   detail::buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
   detail::buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   detail::buffer<float, Exec> master_;
-  std::array<detail::buffer<state_type, Exec>, 4> states_;
+  using stored_state = std::conditional_t<is_quantized, std::uint8_t, state_type>;
+  std::array<detail::buffer<stored_state, Exec>, 4> states_;  // q8: the codes of 8-bit tensors
+  std::array<detail::buffer<float, Exec>, 4> absmax_;         // q8: one per block of codes
+  std::array<detail::buffer<float, Exec>, 4> small_;          // q8: states of tensors below min_8bit_size
+  struct q8_piece {
+    bool quantized = false;
+    std::size_t offset = 0;  // in the codes (block-aligned) or in the fp32 states
+  };
+  std::vector<q8_piece> q8_piece_;
+  std::vector<projected_matrix> matrices_;  // GaLore: the projected matrices
+  std::vector<int> matrix_index_;           // GaLore: per tensor, its index in matrices_ or -1
+  std::vector<std::size_t> state_offset_;   // GaLore: per piece, offset in the compact states
+  std::vector<float> work_;                 // GaLore: gradient, low-rank and update of one matrix
+  std::vector<std::array<float, 100>> gnorm_vec_;  // percentile clipping: per tensor
+  std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
+  std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
   std::optional<clip_state> clip_;
   std::int64_t step_ = 0;
   std::vector<bool> state_started_;  // per group: has its state been used yet

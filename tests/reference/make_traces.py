@@ -906,6 +906,8 @@ def main() -> int:
 
     total = 0
     for fn in sorted(os.listdir(TRACE_DIR)):
+        if fn.startswith("galore_"):  # make_galore_traces.py's, with their own budget
+            continue
         size = os.path.getsize(os.path.join(TRACE_DIR, fn))
         total += size
         print(f"{size:9d}  traces/{fn}")

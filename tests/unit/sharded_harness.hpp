@@ -54,7 +54,9 @@ inline float init_value(std::size_t tensor, std::size_t i) { return 0.5f * grad_
 /// Everything a run leaves behind, as raw bytes per tensor, in layout order.
 struct outcome {
   std::vector<std::vector<unsigned char>> params, master;
-  std::vector<std::vector<std::vector<unsigned char>>> states;  // [slot][tensor]
+  std::vector<std::vector<std::vector<unsigned char>>> states;  // [slot][tensor] (q8: the codes)
+  std::vector<std::vector<std::vector<unsigned char>>> absmax;  // [slot][tensor], q8 only
+  std::vector<std::vector<std::vector<unsigned char>>> decoded; // [slot][tensor], q8 only: fp32 values
   std::vector<double> norms;
   std::vector<char> skipped;
   bool operator==(const outcome&) const = default;
@@ -120,8 +122,17 @@ void collect(Opt& opt, int rank, outcome& out) {
     } catch (const std::logic_error&) {
     }
     for (std::size_t k = 0; k < out.states.size(); ++k) {
-      auto st = opt.local_state(ts.name, static_cast<int>(k));
-      put(out.states[k][t], st.first, st.values);
+      if constexpr (Opt::is_quantized) {
+        auto codes = opt.local_state_codes(ts.name, static_cast<int>(k));
+        put(out.states[k][t], codes.first, codes.values);
+        auto amax = opt.local_state_absmax(ts.name, static_cast<int>(k));
+        put(out.absmax[k][t], amax.first, amax.values);
+        auto v = opt.local_state_values(ts.name, static_cast<int>(k));
+        put(out.decoded[k][t], v.first, std::span<const float>(v.values));
+      } else {
+        auto st = opt.local_state(ts.name, static_cast<int>(k));
+        put(out.states[k][t], st.first, st.values);
+      }
     }
   }
 }
@@ -136,6 +147,15 @@ outcome blank(const layout& l, int slots) {
   o.states.resize(static_cast<std::size_t>(slots));
   for (auto& s : o.states)
     for (const auto& t : l.tensors()) s.emplace_back(t.numel * sizeof(typename Opt::state_type));
+  if constexpr (Opt::is_quantized) {
+    o.absmax.resize(static_cast<std::size_t>(slots));
+    o.decoded.resize(static_cast<std::size_t>(slots));
+    for (std::size_t k = 0; k < o.absmax.size(); ++k)
+      for (const auto& t : l.tensors()) {
+        o.absmax[k].emplace_back((t.numel + q8::block - 1) / q8::block * sizeof(float));
+        o.decoded[k].emplace_back(t.numel * sizeof(float));
+      }
+  }
   return o;
 }
 

@@ -3,12 +3,13 @@
 #pragma once
 #include "../concepts.hpp"
 #include "../types/bf16.hpp"
+#include "q8.hpp"
 
 namespace distopt {
 
 /// The fp32 master weights and optimizer state are split over the data-parallel ranks
 /// (ZeRO-1, Megatron's distributed optimizer): each rank stores and updates 1/d of them,
-/// encoded as `Encoding` (fp32 or bf16). Every rank still holds the full params and grads.
+/// encoded as `Encoding` (fp32, bf16 or q8). Every rank still holds the full params and grads.
 /// Each step reduce-scatters the grads, updates the local shard and all-gathers the params.
 template <class Encoding>
 struct sharded {
@@ -16,7 +17,7 @@ struct sharded {
   using encoding = Encoding;
   static constexpr bool is_sharded = true;
   static_assert(state_encoding<Encoding>,
-                "distopt::sharded<Encoding>: Encoding must be fp32 (float) or bf16");
+                "distopt::sharded<Encoding>: Encoding must be fp32 (float), bf16 or q8");
 };
 
 }  // namespace distopt

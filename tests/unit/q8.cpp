@@ -1,0 +1,434 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// 8-bit block-wise states (q8): the maps against bitsandbytes' own values, the lookup
+// quantizer against its definition, the round-trip error against the map's spacing, the
+// fused loop against a plain re-implementation, bit-identity for d = 1..8 and thread
+// counts, the min_8bit_size rule, the memory table and the refusals.
+#include <boost/test/unit_test.hpp>
+
+#include <distopt/distopt.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sharded_harness.hpp"
+
+using namespace distopt;
+
+namespace {
+
+/// The 256 values of a committed map file (tests/reference/q8/, from bitsandbytes).
+std::vector<float> read_map(const std::string& file) {
+  std::ifstream in(std::string(DISTOPT_REFERENCE_DIR) + "/q8/" + file);
+  BOOST_REQUIRE_MESSAGE(in, "cannot open tests/reference/q8/" << file);
+  std::vector<float> v;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    int index = 0;
+    std::string hex;
+    ls >> index >> hex;
+    BOOST_REQUIRE_EQUAL(index, static_cast<int>(v.size()));
+    v.push_back(std::strtof(hex.c_str(), nullptr));
+  }
+  return v;
+}
+
+const detail::q8_codebook& book(bool is_signed) {
+  return is_signed ? detail::signed_codebook() : detail::unsigned_codebook();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(maps_equal_bitsandbytes_bit_for_bit) {
+  for (const bool is_signed : {true, false}) {
+    const std::vector<float> want = read_map(is_signed ? "dynamic_signed.txt" : "dynamic_unsigned.txt");
+    BOOST_REQUIRE_EQUAL(want.size(), 256u);
+    const auto& got = book(is_signed).values();
+    int differ = 0;
+    for (std::size_t c = 0; c < 256; ++c)
+      if (std::bit_cast<std::uint32_t>(got[c]) != std::bit_cast<std::uint32_t>(want[c])) {
+        if (++differ <= 5)
+          BOOST_ERROR((is_signed ? "signed" : "unsigned") << " map, code " << c << ": distopt " << got[c]
+                                                           << ", bitsandbytes " << want[c]);
+      }
+    BOOST_TEST(differ == 0);
+  }
+  // The structure the lookup relies on: 0 and 1 are codes, and the signed map is
+  // symmetric except for 1.
+  BOOST_TEST(book(false).values()[book(false).zero_code()] == 0.0f);
+  BOOST_TEST(book(true).values()[255] == 1.0f);
+  BOOST_TEST(book(true).values()[0] == -book(true).values()[254]);
+}
+
+BOOST_AUTO_TEST_CASE(lookup_equals_nearest_code_by_definition) {
+  for (const bool is_signed : {true, false}) {
+    const detail::q8_codebook& b = book(is_signed);
+    std::size_t checked = 0, wrong = 0;
+    const auto check = [&](float y) {
+      ++checked;
+      if (b.nearest(y) != b.nearest_reference(y) && ++wrong <= 5)
+        BOOST_ERROR("y = " << y << ": lookup " << int(b.nearest(y)) << ", definition " << int(b.nearest_reference(y)));
+    };
+    // Every threshold and its float neighbours (where the answer changes), both signs.
+    for (std::size_t c = 0; c < 255; ++c) {
+      const float t = b.threshold(c);
+      for (float y : {t, std::nextafter(t, -2.0f), std::nextafter(t, 2.0f)}) {
+        check(y);
+        check(-y);
+      }
+    }
+    // A sweep over float bit patterns in [-1.5, 1.5] (every 613th), and the edges.
+    for (std::uint32_t u = 0; u <= std::bit_cast<std::uint32_t>(1.5f); u += 613) {
+      check(std::bit_cast<float>(u));
+      check(-std::bit_cast<float>(u));
+    }
+    for (float y : {0.0f, -0.0f, 1.0f, -1.0f, 1e-30f, -1e-30f, 2.0f, -2.0f, std::numeric_limits<float>::denorm_min()})
+      check(y);
+    BOOST_TEST(wrong == 0u);
+    BOOST_TEST(checked > 3000000u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(round_trip_error_within_half_the_map_spacing) {
+  // Blocks of 256 values at scales from 1e-8 to 1e3, with zeros and a lone outlier: each
+  // value reads back within absmax * (half the gap to the neighbouring code on its side),
+  // and no other code is nearer (in double).
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (const bool is_signed : {true, false}) {
+    const detail::q8_codebook& b = book(is_signed);
+    const auto& v = b.values();
+    double worst = 0.0;
+    for (int trial = 0; trial < 400; ++trial) {
+      std::vector<float> x(256);
+      const float scale = std::pow(10.0f, static_cast<float>(trial % 12) - 8.0f);
+      for (float& e : x) e = normal(rng) * scale;
+      if (!is_signed)
+        for (float& e : x) e = e * e / scale;
+      if (trial % 5 == 0) x[trial % 256] *= 1000.0f;  // one outlier squeezes the rest
+      if (trial % 7 == 0) std::fill(x.begin(), x.begin() + 100, 0.0f);
+      float amax = 0.0f;
+      for (float e : x) amax = std::max(amax, std::fabs(e));
+      const float inv = 1.0f / amax;
+      for (float e : x) {
+        const float y = e * inv;
+        const std::uint8_t c = b.nearest(y);
+        const double back = static_cast<double>(v[c]) * amax;
+        // The half-gap on the side y lies; the outermost codes' cells reach to -1 (or 0)
+        // and 1, the range of y.
+        const double lowest = is_signed ? -1.0 : 0.0;
+        const double gap = y >= v[c] ? (c < 255 ? (static_cast<double>(v[c + 1]) - v[c]) / 2 : 1.0 - v[c])
+                                     : (c > 0 ? (static_cast<double>(v[c]) - v[c - 1]) / 2 : v[c] - lowest);
+        const double err = std::fabs(back - e);
+        BOOST_TEST_REQUIRE(err <= (gap + 1e-7) * amax, "value " << e << " code " << int(c) << " error " << err);
+        for (int o : {-1, 1}) {
+          const int n = static_cast<int>(c) + o;
+          if (n < 0 || n > 255) continue;
+          BOOST_TEST_REQUIRE(std::fabs(static_cast<double>(v[n]) - y) >= std::fabs(static_cast<double>(v[c]) - y) - 1e-7);
+        }
+        if (gap > 0) worst = std::max(worst, err / (gap * amax));
+      }
+    }
+    BOOST_TEST(worst > 0.5);  // the bound is approached, so it is the right bound
+  }
+}
+
+namespace {
+
+/// A plain re-implementation of one q8 step for one tensor, from the definitions: decode
+/// with the map, the policy's update, absmax of the block, nearest code by binary search.
+template <class Policy>
+void reference_q8_step(const typename Policy::scalars& sc, std::vector<float>& param, const std::vector<float>& grad,
+                       std::vector<std::vector<std::uint8_t>>& codes, std::vector<std::vector<float>>& absmax) {
+  const int slots = static_cast<int>(codes.size());
+  const std::size_t n = param.size();
+  for (std::size_t b0 = 0; b0 < n; b0 += 256) {
+    const std::size_t m = std::min<std::size_t>(256, n - b0);
+    std::vector<std::vector<float>> fresh(static_cast<std::size_t>(slots), std::vector<float>(m));
+    for (std::size_t i = 0; i < m; ++i) {
+      float st[4] = {};
+      for (int k = 0; k < slots; ++k) {
+        const auto& bk = state_slot_nonnegative<Policy>(k) ? detail::unsigned_codebook() : detail::signed_codebook();
+        st[k] = bk.value(codes[k][b0 + i]) * absmax[k][b0 / 256];
+      }
+      Policy::update(sc, param[b0 + i], grad[b0 + i], st);
+      for (int k = 0; k < slots; ++k) fresh[k][i] = st[k];
+    }
+    for (int k = 0; k < slots; ++k) {
+      const auto& bk = state_slot_nonnegative<Policy>(k) ? detail::unsigned_codebook() : detail::signed_codebook();
+      float amax = 0.0f;
+      for (float e : fresh[k]) amax = std::max(amax, std::fabs(e));
+      absmax[k][b0 / 256] = amax;
+      for (std::size_t i = 0; i < m; ++i)
+        codes[k][b0 + i] = bk.nearest_reference(amax > 0 ? fresh[k][i] * (1.0f / amax) : 0.0f);
+    }
+  }
+}
+
+template <class Policy>
+void check_against_reference(const typename Policy::hyper_params& h) {
+  const std::vector<std::size_t> sizes = {5000, 4096, 300, 9000};  // 300 < min_8bit_size
+  layout l;
+  for (std::size_t t = 0; t < sizes.size(); ++t) l.add(std::string("t").append(std::to_string(t)), {static_cast<std::int64_t>(sizes[t])}, dtype::f32);
+  optimizer<Policy, replicated<q8>> opt(l, h, {}, cpu(2));
+  const int slots = Policy::state_slots(h);
+  std::vector<std::vector<float>> p(sizes.size());
+  std::vector<std::vector<std::vector<std::uint8_t>>> codes(sizes.size());
+  std::vector<std::vector<std::vector<float>>> amax(sizes.size());
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    p[t].resize(sizes[t]);
+    for (std::size_t i = 0; i < sizes[t]; ++i) p[t][i] = harness::init_value(t, i);
+    std::copy(p[t].begin(), p[t].end(), opt.param(std::string("t").append(std::to_string(t))).begin());
+    for (int k = 0; k < slots; ++k) {
+      const auto& bk = state_slot_nonnegative<Policy>(k) ? detail::unsigned_codebook() : detail::signed_codebook();
+      codes[t].emplace_back(sizes[t], bk.zero_code());
+      amax[t].emplace_back((sizes[t] + 255) / 256, 0.0f);
+    }
+  }
+  // The small tensor keeps fp32 states: its reference is the plain fp32 optimizer.
+  optimizer<Policy> small(l, h);
+  std::copy(p[2].begin(), p[2].end(), small.param("t2").begin());
+  for (int s = 0; s < 12; ++s) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      auto g = opt.grad(std::string("t").append(std::to_string(t)));
+      std::vector<float> grad(sizes[t]);
+      for (std::size_t i = 0; i < sizes[t]; ++i) grad[i] = harness::grad_value(s, t, i) * (t == 3 ? 1e-4f : 1.0f);
+      std::copy(grad.begin(), grad.end(), g.begin());
+      if (t == 2) std::copy(grad.begin(), grad.end(), small.grad("t2").begin());
+      if (t != 2) reference_q8_step<Policy>(Policy::prepare(h, step_info{s + 1, s == 0}), p[t], grad, codes[t], amax[t]);
+    }
+    opt.step();
+    small.step();
+  }
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const std::string name = std::string("t").append(std::to_string(t));
+    const auto got = opt.param(name);
+    if (t == 2) {
+      BOOST_TEST(!opt.state_is_quantized(name));
+      BOOST_TEST(std::equal(got.begin(), got.end(), small.param(name).begin()));
+      continue;
+    }
+    BOOST_TEST(opt.state_is_quantized(name));
+    BOOST_TEST(std::equal(got.begin(), got.end(), p[t].begin()), name << ": params differ from the reference");
+    for (int k = 0; k < slots; ++k) {
+      const auto c = opt.local_state_codes(name, k).values;
+      const auto a = opt.local_state_absmax(name, k).values;
+      BOOST_TEST(std::equal(c.begin(), c.end(), codes[t][k].begin(), codes[t][k].end()), name << " slot " << k << " codes");
+      BOOST_TEST(std::equal(a.begin(), a.end(), amax[t][k].begin(), amax[t][k].end()), name << " slot " << k << " absmax");
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fused_loop_equals_plain_reimplementation) {
+  check_against_reference<adamw>(adamw::hyper_params{});
+  adam::hyper_params ams;
+  ams.amsgrad = true;
+  ams.lr = 1e-2;
+  check_against_reference<adam>(ams);
+  sgd::hyper_params mom;
+  mom.lr = 0.05;
+  mom.momentum = 0.9;
+  mom.nesterov = true;
+  check_against_reference<sgd>(mom);
+  check_against_reference<lion>(lion::hyper_params{});
+}
+
+BOOST_AUTO_TEST_CASE(q8_adamw_tracks_fp32_adamw) {
+  // 8-bit states change the trajectory only by the quantization error: after 50 steps
+  // the params stay within a small fraction of how far fp32 AdamW moved them.
+  layout l;
+  l.add("w", {64, 128}, dtype::f32);
+  adamw::hyper_params h;
+  h.lr = 1e-3;
+  optimizer<adamw, replicated<q8>> q(l, h);
+  optimizer<adamw> f(l, h);
+  std::vector<float> p0(64 * 128);
+  for (std::size_t i = 0; i < p0.size(); ++i) p0[i] = harness::init_value(0, i);
+  std::copy(p0.begin(), p0.end(), q.param("w").begin());
+  std::copy(p0.begin(), p0.end(), f.param("w").begin());
+  for (int s = 0; s < 50; ++s) {
+    for (std::size_t i = 0; i < p0.size(); ++i) q.grad("w")[i] = f.grad("w")[i] = harness::grad_value(s % 7, 0, i) + 0.3f;
+    q.step();
+    f.step();
+  }
+  double moved = 0, diff = 0;
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    moved += std::pow(double(f.param("w")[i]) - p0[i], 2);
+    diff += std::pow(double(f.param("w")[i]) - q.param("w")[i], 2);
+  }
+  BOOST_TEST_MESSAGE("q8 vs fp32 AdamW: relative difference " << std::sqrt(diff / moved));
+  BOOST_TEST(std::sqrt(diff / moved) < 0.05);
+  BOOST_TEST(diff > 0.0);  // the states really are 8-bit
+}
+
+namespace {
+template <class Policy, class Prec>
+void check_ranks(const std::vector<typename Policy::hyper_params>& h, std::size_t min_8bit_size, int percentile = 100) {
+  for (const auto& lc : harness::awkward_layouts()) {
+    const layout l = harness::make_layout(lc, dtype_of<typename Prec::param_type>, static_cast<int>(h.size()));
+    harness::run_options ro;
+    ro.options.bucket_elems = lc.bucket;
+    ro.options.min_8bit_size = min_8bit_size;
+    ro.options.percentile_clipping = percentile;
+    ro.steps = percentile < 100 ? 30 : 20;
+    ro.clip = 1.0;
+    const harness::outcome one = harness::run_single<Policy, q8, Prec>(l, h, ro);
+    ro.threads = 3;
+    BOOST_TEST((harness::run_single<Policy, q8, Prec>(l, h, ro) == one), lc.name << ": 3 threads differ from 1");
+    ro.threads = 1;
+    for (int d = 1; d <= 8; ++d)
+      BOOST_TEST((harness::run_threads<Policy, sharded<q8>, Prec>(d, l, h, ro) == one), lc.name << ": d = " << d);
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_thread_counts) {
+  // min_8bit_size 256 quantizes the awkward layouts' larger tensors, whose shard cuts
+  // then fall inside them; the smaller ones keep fp32 states.
+  adamw::hyper_params w;
+  w.lr = 1e-2;
+  check_ranks<adamw, precision<float>>({w}, 256);
+  check_ranks<adamw, precision<bf16>>({w}, 1);
+  sgd::hyper_params m;
+  m.momentum = 0.9;
+  lion::hyper_params li;
+  check_ranks<sgd, precision<float>>({m}, 256);
+  check_ranks<lion, precision<bf16, float>>({li}, 256);
+  // Percentile clipping: per-tensor norms of tensors cut across ranks, summed exactly.
+  check_ranks<adamw, precision<float>>({w}, 256, 5);
+}
+
+BOOST_AUTO_TEST_CASE(percentile_clipping_as_bitsandbytes) {
+  // SGD with lr 1 from zero params: the step writes -scale * grad, so each step's scale
+  // per tensor can be read back and compared with bitsandbytes' algorithm, re-done here:
+  // a float32 history of 100 squared norms per tensor (all set on step 1), the scale
+  // clip / current when the current norm exceeds the percentile's.
+  layout l;
+  l.add("w", {3000}, dtype::f32);
+  l.add("b", {100}, dtype::f32);
+  sgd::hyper_params h;
+  h.lr = 1.0;
+  for (const int percentile : {5, 50, 0}) {
+    optimizer_options o;
+    o.percentile_clipping = percentile;
+    optimizer<sgd> opt(l, h, o);
+    std::array<std::array<float, 100>, 2> vec{};
+    double smallest = 1.0;
+    for (int step = 1; step <= 130; ++step) {
+      const float spike = step % 17 == 0 ? 20.0f : 1.0f + 0.01f * static_cast<float>(step % 5);
+      std::array<double, 2> want{};
+      for (std::size_t t = 0; t < 2; ++t) {
+        const std::string name = t == 0 ? "w" : "b";
+        auto g = opt.grad(name);
+        double sq = 0;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          g[i] = harness::grad_value(step % 3, t, i) * spike * (t == 1 ? 3.0f : 1.0f);
+          sq += double(g[i]) * g[i];
+        }
+        std::fill(opt.param(name).begin(), opt.param(name).end(), 0.0f);
+        auto& v = vec[t];
+        const std::size_t at = static_cast<std::size_t>(step % 100);
+        if (step == 1) v.fill(static_cast<float>(sq));
+        else v[at] = static_cast<float>(sq);
+        std::array<float, 100> sorted = v;
+        std::sort(sorted.begin(), sorted.end());
+        const float current = std::sqrt(v[at]), clip = std::sqrt(sorted[static_cast<std::size_t>(percentile)]);
+        want[t] = current > clip ? clip / current : 1.0;
+        smallest = std::min(smallest, want[t]);
+      }
+      opt.step();
+      for (std::size_t t = 0; t < 2; ++t) {
+        const std::string name = t == 0 ? "w" : "b";
+        const auto g = opt.grad(name);
+        double worst = 0;
+        for (std::size_t i = 0; i < g.size(); ++i)
+          if (g[i] != 0.0f) worst = std::max(worst, std::fabs(-double(opt.param(name)[i]) / g[i] - want[t]) / want[t]);
+        BOOST_TEST_REQUIRE(worst < 1e-6, "percentile " << percentile << " step " << step << " '" << name
+                                                       << "': scale off by " << worst << " (expected " << want[t] << ")");
+      }
+      opt.zero_grad();
+    }
+    BOOST_TEST(smallest < 0.2);  // the spikes were clipped
+  }
+  optimizer_options bad;
+  bad.percentile_clipping = 101;
+  BOOST_CHECK_THROW((optimizer<sgd>(l, h, bad)), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(min_8bit_size_counts_the_whole_tensor) {
+  // A 4096-element tensor is quantized on every d (each rank holds 512 of it at d = 8),
+  // a 4095-element one never: precision does not change with the number of ranks.
+  layout l;
+  l.add("big", {4096}, dtype::f32);
+  l.add("small", {4095}, dtype::f32);
+  for (int d : {1, 8}) {
+    std::vector<std::size_t> codes(static_cast<std::size_t>(d));
+    run_ranks(d, [&](threads& comm) {
+      const int r = comm.rank();
+      optimizer<adamw, sharded<q8>, threads> opt(l, adamw::hyper_params{}, {}, cpu(1), std::move(comm));
+      if (!opt.state_is_quantized("big") || opt.state_is_quantized("small"))
+        throw std::runtime_error("wrong quantization choice at d = " + std::to_string(d));
+      codes[static_cast<std::size_t>(r)] = opt.local_state_codes("big", 0).values.size();
+    });
+    BOOST_TEST(std::accumulate(codes.begin(), codes.end(), std::size_t{0}) == 4096u);
+    BOOST_TEST(std::count(codes.begin(), codes.end(), std::size_t{0}) == (d == 1 ? 0 : 4), "d = " << d);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(memory_bf16_master_q8_adam_is_4_plus_6_03_over_d) {
+  // bf16 params and grads (2 + 2), fp32 master (4/d), two 8-bit moments (2/d) and their
+  // absmax (2 * 4 / 256 per param, /d): 4 + 6.03125/d, against Megatron's 4 + 16/d.
+  layout l;
+  for (int i = 0; i < 8; ++i) l.add(std::string("w").append(std::to_string(i)), {512, 512}, dtype::bf16);
+  for (int d = 1; d <= 8; ++d) {
+    std::vector<double> per(static_cast<std::size_t>(d));
+    run_ranks(d, [&](threads& comm) {
+      const int r = comm.rank();
+      optimizer<adamw, sharded<q8>, threads, cpu, precision<bf16>> opt(l, adamw::hyper_params{}, {}, cpu(1), std::move(comm));
+      const memory_report m = opt.memory();
+      per[static_cast<std::size_t>(r)] = m.total_bytes_per_param() - m.bytes_per_param("padding");
+    });
+    for (double b : per) BOOST_TEST(b == 4.0 + 6.03125 / d, boost::test_tools::tolerance(1e-3));
+  }
+  // fp32 params and grads: 8 + 2.03125/d; bf16 params with stochastic rounding (no
+  // master): 4 + 2.03125/d.
+  for (int d : {1, 3, 8}) {
+    std::vector<double> f32(static_cast<std::size_t>(d)), sr(static_cast<std::size_t>(d));
+    layout l32;
+    for (int i = 0; i < 8; ++i) l32.add(std::string("w").append(std::to_string(i)), {512, 512}, dtype::f32);
+    run_ranks(d, [&](threads& comm) {
+      const std::size_t r = static_cast<std::size_t>(comm.rank());
+      threads other = comm.split(0, comm.rank());
+      optimizer<adamw, sharded<q8>, threads> a(l32, adamw::hyper_params{}, {}, cpu(1), std::move(comm));
+      f32[r] = a.memory().total_bytes_per_param() - a.memory().bytes_per_param("padding");
+      optimizer_options o;
+      o.master_weights = false;
+      optimizer<adamw, sharded<q8>, threads, cpu, precision<bf16>> b(l, adamw::hyper_params{}, o, cpu(1), std::move(other));
+      sr[r] = b.memory().total_bytes_per_param() - b.memory().bytes_per_param("padding");
+    });
+    for (double b : f32) BOOST_TEST(b == 8.0 + 2.03125 / d, boost::test_tools::tolerance(1e-3));
+    for (double b : sr) BOOST_TEST(b == 4.0 + 2.03125 / d, boost::test_tools::tolerance(1e-3));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(refusals) {
+  layout small_blocks(128);
+  small_blocks.add("w", {1000}, dtype::f32);
+  BOOST_CHECK_EXCEPTION((optimizer<adamw, replicated<q8>>(small_blocks, adamw::hyper_params{})), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()).find("multiple of 256") != std::string::npos;
+                        });
+}
