@@ -4,19 +4,7 @@
 # (in units of 1e-4, the printed precision; 50 = half a point):
 #   cmake -DMAX_GAP_E4=50 -P accuracy_gap.cmake -- PROGRAM_A ARGS... -- PROGRAM_B ARGS...
 # Both must exit with 0 and print "test accuracy: X".
-set(a)
-set(b)
-set(dashes 0)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE 1 ${last})
-  if(CMAKE_ARGV${i} STREQUAL "--")
-    math(EXPR dashes "${dashes} + 1")
-  elseif(dashes EQUAL 1)
-    list(APPEND a "${CMAKE_ARGV${i}}")
-  elseif(dashes EQUAL 2)
-    list(APPEND b "${CMAKE_ARGV${i}}")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/two_commands.cmake)
 if(NOT a OR NOT b OR NOT DEFINED MAX_GAP_E4)
   message(FATAL_ERROR "accuracy_gap.cmake: needs -DMAX_GAP_E4 and two commands, each after --")
 endif()

@@ -4,19 +4,7 @@
 #   cmake -DLOG_A=<file> -DLOG_B=<file> -P compare.cmake -- PROGRAM_A ARGS... -- PROGRAM_B ARGS...
 # Both must exit with 0; their stdout lines "epoch ..." and "test accuracy: ..." (without the
 # epoch's seconds) must be equal, and so must the --log files LOG_A and LOG_B they write.
-set(a)
-set(b)
-set(dashes 0)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE 1 ${last})
-  if(CMAKE_ARGV${i} STREQUAL "--")
-    math(EXPR dashes "${dashes} + 1")
-  elseif(dashes EQUAL 1)
-    list(APPEND a "${CMAKE_ARGV${i}}")
-  elseif(dashes EQUAL 2)
-    list(APPEND b "${CMAKE_ARGV${i}}")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/two_commands.cmake)
 if(NOT a OR NOT b OR NOT DEFINED LOG_A OR NOT DEFINED LOG_B)
   message(FATAL_ERROR "compare.cmake: needs -DLOG_A, -DLOG_B and two commands, each after --")
 endif()

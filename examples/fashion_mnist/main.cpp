@@ -52,7 +52,7 @@ constexpr const char* usage_text =
     "  --hidden        hidden widths, default 512,256\n"
     "  --param-dtype   fp32 (default) or bf16 with fp32 master weights\n"
     "  --state         optimizer state: fp32 (default) or q8, 8-bit block-wise (sgd, adam,\n"
-    "                  adamw, lion; tensors under 4096 elements keep fp32 states)\n"
+    "                  adamw, lion, galore_adamw's low-rank states; under 4096 elements: fp32)\n"
     "  --threads       threads of distopt and OpenBLAS per rank; default 2 per process, split\n"
     "                  over the ranks on this machine (at least 1); 0: the cores, split the same\n"
     "                  way. OpenBLAS's count is process-wide: ranks x threads may run at once\n"

@@ -459,9 +459,9 @@ history train_encoded(const config& cfg) {
 template <class Policy>
 history train_policy(const config& cfg) {
   if (cfg.state == "q8") {
-    if constexpr (distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy>)
-      throw usage_error("--state q8: 8-bit states are for element-wise policies (sgd, adam, adamw, lion), not " +
-                        std::string(Policy::name));
+    if constexpr (distopt::policy_is_layerwise<Policy>)
+      throw usage_error("--state q8: 8-bit states are for element-wise policies (sgd, adam, adamw, lion) and "
+                        "galore_adamw, not " + std::string(Policy::name));
     else return train_encoded<Policy, distopt::q8>(cfg);
   }
   if (cfg.param_dtype == "fp32") return train_typed<Policy, float, distopt::fp32>(cfg);

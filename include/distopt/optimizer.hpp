@@ -117,9 +117,6 @@ consteval bool check_optimizer_arguments() {
   static_assert(!(policy_is_layerwise<Policy> && quantized_encoding<typename Storage::encoding>),
                 "distopt::optimizer: 8-bit (q8) states are for element-wise policies (sgd, adam, "
                 "adamw, lion, custom ones); the layer-wise policies keep fp32 or bf16 states");
-  static_assert(!(projects_matrices<Policy> && quantized_encoding<typename Storage::encoding>),
-                "distopt::optimizer: GaLore with 8-bit (q8) projected states is not supported yet; "
-                "use fp32 or bf16 states");
   static_assert(state_storage<Storage>,
                 "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
                 "distopt::replicated<distopt::fp32>");
@@ -234,6 +231,7 @@ class optimizer {
     if constexpr (is_layerwise) {
       init_layerwise();
     } else if constexpr (is_quantized) {
+      if constexpr (projects) init_projection();  // the projected matrices first: init_q8 skips them
       init_q8();
     } else if constexpr (projects) {
       init_projection();
@@ -289,11 +287,20 @@ class optimizer {
     else return local_view(states_[check_slot(k)], name);
   }
   /// GaLore: state slot `k` of the projected gradient of tensor `name` (a matrix of a group
-  /// with a rank), low_rank_shape(m, n) elements row-major; every rank keeps all of it.
-  std::span<const float> projected_state(std::string_view name, int k) const
+  /// with a rank), low_rank_shape(m, n) elements row-major, decoded to fp32 (q8 storage
+  /// keeps it in 8 bits when it has at least min_8bit_size elements); every rank holding
+  /// part of the matrix keeps all of it, other ranks none.
+  std::vector<float> projected_state(std::string_view name, int k) const
     requires projects
   {
-    return matrix_of(name).state[static_cast<std::size_t>(check_slot(k))];
+    const projected_matrix& pm = matrix_of(name);
+    const std::size_t slot = static_cast<std::size_t>(check_slot(k));
+    if (pm.codes[slot].empty()) return pm.state[slot];
+    std::vector<float> out(pm.codes[slot].size());
+    for (std::size_t b0 = 0; b0 < out.size(); b0 += q8::block)
+      detail::decode_block(codebook(k).values().data(), pm.codes[slot].data() + b0, pm.absmax[slot][b0 / q8::block],
+                           std::min(q8::block, out.size() - b0), out.data() + b0);
+    return out;
   }
   /// GaLore: the projector of tensor `name` (its rank, side and current projection).
   const auto& projector(std::string_view name) const
@@ -592,23 +599,11 @@ class optimizer {
         if (absmax_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " absmax", absmax_[k].bytes()});
         if (small_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " fp32", small_[k].bytes()});
       }
+      if constexpr (projects) add_projected_entries(r);
     } else if constexpr (projects) {
-      // Element states of the tensors updated element-wise (compact), and for each
-      // projected matrix its low-rank states, projection and one m x n work buffer (the
-      // largest) that every rank holding the matrix keeps.
-      std::size_t states = 0, projections = 0, work = 0;
-      for (const auto& t : matrices_) {
-        if (t.state[0].empty()) continue;  // another rank's matrix
-        for (const auto& st : t.state) states += st.size() * sizeof(float);
-        projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);  // after the first step
-        const auto low = t.proj.low_rank_shape(t.m, t.n);
-        work = std::max(work, static_cast<std::size_t>(2 * t.m * t.n + low[0] * low[1]) * sizeof(float));
-      }
       for (int k = 0; k < slots_; ++k)
         if (states_[k].bytes()) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
-      r.entries.push_back({"state projected", states});
-      r.entries.push_back({"projections", projections});
-      r.entries.push_back({"projection work", work});
+      add_projected_entries(r);
     } else {
       for (int k = 0; k < slots_; ++k)
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
@@ -802,14 +797,13 @@ class optimizer {
     const G* g = grads + (local ? pc.local : pc.buffer);
     float* m = uses_master() ? master_.data() + pc.local : nullptr;
     if (q.quantized) {
-      detail::q8_args<param_type, G> a{p, g, m, {}, {}, {}, {}, {}, grad_scale, key, pc.layout};
+      detail::q8_args<param_type, G> a{p, g, m, {}, {}, {}, {}, grad_scale, key, pc.layout};
       for (int k = 0; k < N; ++k) {
         const detail::q8_codebook& book = codebook(k);
         a.code[k] = states_[k].data() + q.offset;
         a.absmax[k] = absmax_[k].data() + q.offset / q8::block;
         a.map[k] = book.values().data();
-        a.lut_code[k] = book.lookup_codes();
-        a.lut_thr[k] = book.lookup_thresholds();
+        a.lut[k] = book.lookup();
       }
       detail::update_range_q8<Policy, N, Mode>(sc, a, pc.count);
     } else {
@@ -829,6 +823,8 @@ class optimizer {
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
       const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
       if constexpr (is_quantized) {
+        if constexpr (projects)
+          if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
         run_q8_piece<Mode, N>(sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
       } else {
         std::size_t at = pc.local;
@@ -945,8 +941,28 @@ class optimizer {
     std::size_t tensor = 0;
     std::int64_t m = 0, n = 0;
     projector_type proj;
-    std::array<std::vector<float>, 2> state;
+    std::array<std::vector<float>, 2> state;  // fp32 low-rank states
+    std::array<std::vector<std::uint8_t>, 2> codes;  // q8 instead (at least min_8bit_size elements)
+    std::array<std::vector<float>, 2> absmax;
   };
+
+  /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
+  /// absmax), projection and one m x n work buffer (the largest) that every rank holding
+  /// the matrix keeps. The element states of the other tensors are reported as usual.
+  void add_projected_entries(distopt::memory_report& r) const {
+    std::size_t states = 0, projections = 0, work = 0;
+    for (const auto& t : matrices_) {
+      if (t.state[0].empty() && t.codes[0].empty()) continue;  // another rank's matrix
+      for (int k = 0; k < 2; ++k)
+        states += t.state[k].size() * sizeof(float) + t.codes[k].size() + t.absmax[k].size() * sizeof(float);
+      projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);  // after the first step
+      const auto low = t.proj.low_rank_shape(t.m, t.n);
+      work = std::max(work, static_cast<std::size_t>(2 * t.m * t.n + low[0] * low[1]) * sizeof(float));
+    }
+    r.entries.push_back({"state projected", states});
+    r.entries.push_back({"projections", projections});
+    r.entries.push_back({"projection work", work});
+  }
 
   const projected_matrix& matrix_of(std::string_view name) const {
     const std::size_t i = index_of(name);
@@ -971,13 +987,20 @@ class optimizer {
       if (t.tp != tp_split::none)
         throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
                                     "' is split over tensor-parallel ranks; projecting it needs the whole matrix");
-      projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}};
+      projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}, {}, {}};
       const auto low = pm.proj.low_rank_shape(pm.m, pm.n);  // checks the rank against the shape
       // Its low-rank states live on the ranks that hold part of it.
       bool held = false;
       for (const detail::shard_piece& pc : plan_.pieces()) held = held || pc.tensor == i;
-      if (held)
-        for (auto& st : pm.state) st.assign(static_cast<std::size_t>(low[0] * low[1]), 0.0f);
+      const std::size_t ln = static_cast<std::size_t>(low[0] * low[1]);
+      if (held && is_quantized && ln >= options_.min_8bit_size) {
+        for (int k = 0; k < 2; ++k) {  // the low-rank matrix in blocks of 256, as a tensor's
+          pm.codes[k].assign(ln, codebook(k).zero_code());
+          pm.absmax[k].assign((ln + q8::block - 1) / q8::block, 0.0f);
+        }
+      } else if (held) {
+        for (auto& st : pm.state) st.assign(ln, 0.0f);
+      }
       matrix_index_[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
     }
@@ -992,7 +1015,8 @@ class optimizer {
         state_offset_[c] = size;
         size += pieces[c].count;
       }
-    for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, size);
+    if constexpr (!is_quantized)  // q8: init_q8 allocates the element states
+      for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, size);
   }
 
   shard_view<const state_type> projected_local_state(std::string_view name, int k) const {
@@ -1043,11 +1067,33 @@ class optimizer {
       for (std::size_t e = 0; e < mn; ++e) full[e] = to_float(g[e]) * scale;
       if (pm.proj.refresh_due(step_ - 1)) pm.proj.refresh(full, pm.m, pm.n);
       pm.proj.project(full, low);
-      for (std::size_t e = 0; e < ln; ++e) {
-        float st[2] = {pm.state[0][e], pm.state[1][e]};
-        low[e] = Policy::moments(s, low[e], st);
-        pm.state[0][e] = st[0];
-        pm.state[1][e] = st[1];
+      if (!pm.codes[0].empty()) {
+        // 8-bit low-rank states: per block of 256, decode, update, new absmax, encode.
+        alignas(64) float st2[2][q8::block];
+        for (std::size_t b0 = 0; b0 < ln; b0 += q8::block) {
+          const std::size_t n = std::min(q8::block, ln - b0), blk = b0 / q8::block;
+          for (int k = 0; k < 2; ++k)
+            detail::decode_block(codebook(k).values().data(), pm.codes[k].data() + b0, pm.absmax[k][blk], n, st2[k]);
+          for (std::size_t e = 0; e < n; ++e) {
+            float st[2] = {st2[0][e], st2[1][e]};
+            low[b0 + e] = Policy::moments(s, low[b0 + e], st);
+            st2[0][e] = st[0];
+            st2[1][e] = st[1];
+          }
+          for (int k = 0; k < 2; ++k) {
+            const float amax = detail::block_absmax(st2[k], n);
+            pm.absmax[k][blk] = amax;
+            detail::encode_block(st2[k], amax > 0.0f ? 1.0f / amax : 0.0f, n, codebook(k).lookup(),
+                                 pm.codes[k].data() + b0);
+          }
+        }
+      } else {
+        for (std::size_t e = 0; e < ln; ++e) {
+          float st[2] = {pm.state[0][e], pm.state[1][e]};
+          low[e] = Policy::moments(s, low[e], st);
+          pm.state[0][e] = st[0];
+          pm.state[1][e] = st[1];
+        }
       }
       pm.proj.project_back(low, back);
       for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
@@ -1093,6 +1139,8 @@ class optimizer {
     q8_piece_.assign(pieces.size(), {});
     std::size_t codes = 0, small = 0;
     for (std::size_t c = 0; c < pieces.size(); ++c) {
+      if constexpr (projects)
+        if (matrix_index_[pieces[c].tensor] >= 0) continue;  // low-rank states: init_projection
       const bool quantized = layout_.tensors()[pieces[c].tensor].numel >= options_.min_8bit_size;
       q8_piece_[c] = {quantized, quantized ? codes : small};
       if (quantized) codes += (pieces[c].count + q8::block - 1) / q8::block * q8::block;
@@ -1115,6 +1163,8 @@ class optimizer {
     const std::size_t i = index_of(name);
     const auto& pieces = plan_.pieces();
     q8_part q;
+    if constexpr (projects)
+      if (matrix_index_[i] >= 0) return q;  // a projected matrix: no element states
     q.quantized = layout_.tensors()[i].numel >= options_.min_8bit_size;
     bool found = false;
     for (std::size_t c = 0; c < pieces.size(); ++c) {

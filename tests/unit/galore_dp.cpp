@@ -60,10 +60,12 @@ void collect_projected(Opt& opt, result& r) {
     }
 }
 
-template <class Prec>
-result run_single(galore_proj type, int threads) {
+template <class Prec, class Enc = fp32>
+result run_single(galore_proj type, int threads, std::size_t min_8bit_size = 4096) {
   const layout l = make_layout(dtype_of<typename Prec::param_type>);
-  optimizer<galore_adamw, replicated<fp32>, single, cpu, Prec> opt(l, groups(type), {}, cpu(threads));
+  optimizer_options o;
+  o.min_8bit_size = min_8bit_size;
+  optimizer<galore_adamw, replicated<Enc>, single, cpu, Prec> opt(l, groups(type), o, cpu(threads));
   result r;
   r.out = harness::blank<decltype(opt)>(l, 2);
   harness::run_options ro;
@@ -73,15 +75,16 @@ result run_single(galore_proj type, int threads) {
   return r;
 }
 
-template <class Prec>
-result run_ranks_(int d, galore_proj type, std::size_t bucket) {
-  using opt_t = optimizer<galore_adamw, sharded<fp32>, threads, cpu, Prec>;
+template <class Prec, class Enc = fp32>
+result run_ranks_(int d, galore_proj type, std::size_t bucket, std::size_t min_8bit_size = 4096) {
+  using opt_t = optimizer<galore_adamw, sharded<Enc>, threads, cpu, Prec>;
   const layout l = make_layout(dtype_of<typename Prec::param_type>);
   result r;
   r.out = harness::blank<opt_t>(l, 2);
   optimizer_options o;
   o.grad_reduce = reduce_op::sum;
   o.bucket_elems = bucket;
+  o.min_8bit_size = min_8bit_size;
   std::vector<result> per(static_cast<std::size_t>(d));
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
@@ -123,6 +126,38 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_across_refreshes) {
   const result one = run_single<precision<bf16>>(galore_proj::std_, 1);
   for (int d : {2, 5, 8})
     BOOST_TEST((run_ranks_<precision<bf16>>(d, galore_proj::std_, std::size_t{1} << 22).out == one.out), "bf16, d = " << d);
+}
+
+BOOST_AUTO_TEST_CASE(q8_states_low_rank_and_elementwise) {
+  // 8-bit GaLore: with min_8bit_size 100 the low-rank states of w0 (160), w1 (132) and
+  // w2 (256) and the element states of norm (700) are 8-bit, w3's (36) and b0's fp32.
+  const result one = run_single<precision<float>, q8>(galore_proj::std_, 1, 100);
+  BOOST_TEST((run_single<precision<float>, q8>(galore_proj::std_, 3, 100) == one), "3 threads");
+  for (int d : {1, 2, 3, 5, 8})
+    BOOST_TEST((run_ranks_<precision<float>, q8>(d, galore_proj::std_, std::size_t{1} << 22, 100).out == one.out),
+               "d = " << d);
+  // Quantized: the low-rank states differ from the fp32 run's, by a few percent.
+  const result f = run_single<precision<float>>(galore_proj::std_, 1);
+  double diff = 0, norm = 0;
+  for (std::size_t e = 0; e < f.projected[0].size(); ++e) {
+    diff += std::abs(double(f.projected[0][e]) - one.projected[0][e]);
+    norm += std::abs(double(f.projected[0][e]));
+  }
+  BOOST_TEST(diff > 0.0);
+  BOOST_TEST(diff < 0.1 * norm);
+  // w3's low-rank states (36 < 100 elements) stay fp32, and the test's gradients do not
+  // depend on the params: they equal the fp32 run's bit for bit.
+  BOOST_TEST(f.projected[6] == one.projected[6]);
+  BOOST_TEST(f.projected[7] == one.projected[7]);
+  layout l = make_layout(dtype::f32);
+  optimizer_options o;
+  o.min_8bit_size = 100;
+  optimizer<galore_adamw, replicated<q8>> opt(l, groups(galore_proj::std_), o);
+  // codes + absmax of w0, w1, w2 (2 slots) plus fp32 states of w3.
+  const std::size_t q = 2 * ((160 + 132 + 256) + 4 * (1 + 1 + 1)) + 2 * 36 * 4;
+  BOOST_TEST(opt.memory().bytes("state projected") == q);
+  BOOST_TEST(opt.state_is_quantized("norm"));
+  BOOST_TEST(!opt.state_is_quantized("b0"));
 }
 
 BOOST_AUTO_TEST_CASE(low_rank_states_move_and_match_single_rank) {

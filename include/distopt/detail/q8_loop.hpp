@@ -31,8 +31,7 @@ struct q8_args {
   std::uint8_t* code[4];
   float* absmax[4];
   const float* map[4];            ///< 256 values of each slot's map
-  const std::int32_t* lut_code[4];  ///< each slot's lookup tables (q8_codebook)
-  const float* lut_thr[4];
+  const std::int32_t* lut[4];  ///< each slot's lookup table (q8_codebook::lookup)
   float grad_scale;
   std::uint64_t random_key;
   std::size_t random_base;
@@ -56,11 +55,10 @@ DISTOPT_INLINE void decode_block(const float* DISTOPT_RESTRICT map, const std::u
   for (std::size_t i = 0; i < m; ++i) out[i] = map[code[i]] * absmax;
 }
 
-/// Writes the nearest codes of x[0, m) * inv through one slot's lookup tables.
+/// Writes the nearest codes of x[0, m) * inv through one slot's lookup table.
 DISTOPT_INLINE void encode_block(const float* DISTOPT_RESTRICT x, float inv, std::size_t m,
-                                 const std::int32_t* DISTOPT_RESTRICT lo, const float* DISTOPT_RESTRICT thr,
-                                 std::uint8_t* DISTOPT_RESTRICT out) {
-  for (std::size_t i = 0; i < m; ++i) out[i] = q8_codebook::q8_nearest(lo, thr, x[i] * inv);
+                                 const std::int32_t* DISTOPT_RESTRICT lut, std::uint8_t* DISTOPT_RESTRICT out) {
+  for (std::size_t i = 0; i < m; ++i) out[i] = q8_codebook::q8_nearest(lut, x[i] * inv);
 }
 
 /// Updates the `n` elements `a` points to, with N quantized state slots.
@@ -105,7 +103,7 @@ DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, cons
     for (int k = 0; k < N; ++k) {
       const float amax = block_absmax(fresh[k], m);
       a.absmax[k][blk] = amax;
-      encode_block(fresh[k], amax > 0.0f ? 1.0f / amax : 0.0f, m, a.lut_code[k], a.lut_thr[k], a.code[k] + b0);
+      encode_block(fresh[k], amax > 0.0f ? 1.0f / amax : 0.0f, m, a.lut[k], a.code[k] + b0);
     }
   }
 }

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,7 +89,10 @@ inline std::array<float, 256> dynamic_map(bool is_signed) {
 /// float) with t[c] <= y: halfway values go to the larger code. The lookup table splits
 /// each sign's magnitudes by their exponent and top `mant_bits` mantissa bits; the map's
 /// values are at least 1.4 % apart, so each slice holds at most one threshold (the
-/// constructor checks it), and the code is lo[j] or its neighbour.
+/// constructor checks it), and the code is the slice's first code or its neighbour. One
+/// 32-bit entry per slice holds both: the code in the low 8 bits, and above them the low
+/// 16 bits of the threshold's pattern (its high bits are the slice's own), or 2^16 where
+/// the slice has none: one gather per element.
 class q8_codebook {
  public:
   explicit q8_codebook(const std::array<float, 256>& values) : value_(values) {
@@ -99,8 +101,7 @@ class q8_codebook {
         throw std::invalid_argument("distopt::q8_codebook: the map must be strictly ascending");
       threshold_[c] = (values[c] + values[c + 1]) * 0.5f;
     }
-    lo_.resize(2 * slices);
-    thr_.resize(2 * slices);
+    lut_.resize(2 * slices);
     for (int neg = 0; neg < 2; ++neg)
       for (std::uint32_t j = 0; j < slices; ++j) build_slice(neg != 0, j);
   }
@@ -118,17 +119,16 @@ class q8_codebook {
   }
 
   /// The same as nearest_reference, through the lookup table: one load of each table.
-  DISTOPT_INLINE std::uint8_t nearest(float y) const noexcept { return q8_nearest(lo_.data(), thr_.data(), y); }
+  DISTOPT_INLINE std::uint8_t nearest(float y) const noexcept { return q8_nearest(lut_.data(), y); }
 
   /// The code of 0.
   std::uint8_t zero_code() const noexcept {
     return static_cast<std::uint8_t>(std::find(value_.begin(), value_.end(), 0.0f) - value_.begin());
   }
 
-  /// Raw tables, for executors that copy them to device memory. The codes are 32-bit, so
-  /// that vector gathers load them.
-  const std::int32_t* lookup_codes() const noexcept { return lo_.data(); }
-  const float* lookup_thresholds() const noexcept { return thr_.data(); }
+  /// The lookup table (2 * slices entries), for q8_nearest and for executors that copy it
+  /// to device memory.
+  const std::int32_t* lookup() const noexcept { return lut_.data(); }
 
   /// Magnitude slices: exponent and top mant_bits of the mantissa, from 2^-min_exp up;
   /// everything below falls in slice 0 and everything above 1.0 in the last.
@@ -142,15 +142,15 @@ class q8_codebook {
     const std::uint32_t j = s > first_slice ? s - first_slice : 0u;
     return j < slices - 1 ? j : slices - 1;
   }
-  /// The nearest code of y from the lookup tables `lo`, `thr` (2 * slices entries each:
-  /// positive magnitudes, then negative ones). Used by every executor.
-  DISTOPT_HD DISTOPT_INLINE static std::uint8_t q8_nearest(const std::int32_t* lo, const float* thr, float y) noexcept {
+  /// The nearest code of y from the lookup table `lut` (positive magnitudes' slices, then
+  /// negative ones'). Used by every executor.
+  DISTOPT_HD DISTOPT_INLINE static std::uint8_t q8_nearest(const std::int32_t* lut, float y) noexcept {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(y);
     const std::uint32_t mag = u & 0x7fffffffu;
-    const std::uint32_t j = slice_of(mag) + (u >> 31) * slices;
-    const float m = std::bit_cast<float>(mag);
-    const int step = (u >> 31) ? -1 : 1;
-    return static_cast<std::uint8_t>(lo[j] + (m >= thr[j] ? step : 0));
+    const std::int32_t e = lut[slice_of(mag) + (u >> 31) * slices];
+    const std::int32_t past = static_cast<std::int32_t>(mag & 0xffffu) >= (e >> 8) ? 1 : 0;
+    const std::int32_t step = (u >> 31) ? -1 : 1;
+    return static_cast<std::uint8_t>((e & 0xff) + past * step);
   }
 
  private:
@@ -164,11 +164,12 @@ class q8_codebook {
     };
     const std::uint8_t ca = code(a), cb = code(b);
     const std::size_t k = j + (neg ? slices : 0);
-    lo_[k] = ca;
-    thr_[k] = std::numeric_limits<float>::infinity();
+    lut_[k] = static_cast<std::int32_t>(ca) | (0x10000 << 8);  // no threshold: never past it
     if (ca == cb) return;
     if (cb != (neg ? ca - 1 : ca + 1))
       throw std::logic_error("distopt::q8_codebook: a lookup slice holds more than one threshold");
+    if (j == 0 || j == slices - 1)  // these span several high-bit patterns
+      throw std::logic_error("distopt::q8_codebook: a threshold lies in the first or last lookup slice");
     // The smallest magnitude in [a, b] whose code is cb (codes are monotone in it).
     std::uint32_t lo = a, hi = b;
     while (lo < hi) {
@@ -176,13 +177,12 @@ class q8_codebook {
       if (code(mid) == cb) hi = mid;
       else lo = mid + 1;
     }
-    thr_[k] = std::bit_cast<float>(lo);
+    lut_[k] = static_cast<std::int32_t>(ca) | static_cast<std::int32_t>((lo & 0xffffu) << 8);
   }
 
   std::array<float, 256> value_{};
   std::array<float, 255> threshold_{};
-  std::vector<std::int32_t> lo_;
-  std::vector<float> thr_;
+  std::vector<std::int32_t> lut_;
 };
 
 /// The signed map (first moments) and the unsigned map (second moments), built once.

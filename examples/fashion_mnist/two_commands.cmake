@@ -1,0 +1,17 @@
+# SPDX-License-Identifier: Apache-2.0
+# Copyright 2026 the distopt authors
+# Included by the -P scripts that run two commands given as `-- A ARGS... -- B ARGS...`:
+# sets `a` and `b` to the two command lines.
+set(a)
+set(b)
+set(dashes 0)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE 1 ${last})
+  if(CMAKE_ARGV${i} STREQUAL "--")
+    math(EXPR dashes "${dashes} + 1")
+  elseif(dashes EQUAL 1)
+    list(APPEND a "${CMAKE_ARGV${i}}")
+  elseif(dashes EQUAL 2)
+    list(APPEND b "${CMAKE_ARGV${i}}")
+  endif()
+endforeach()
