@@ -265,10 +265,10 @@ class optimizer {
   std::span<const state_type> state(std::string_view name, int k) const
     requires(!is_quantized)
   {
-    if constexpr (is_layerwise) {
+    if constexpr (is_layerwise || projects) {  // compact slot buffers
       check_slot(k);
       require_whole(name, "state");
-      return layer_local_state(name, k).values;
+      return local_state(name, k).values;
     } else {
       return whole_local(states_[check_slot(k)], name, "state");
     }

@@ -218,6 +218,12 @@ BOOST_AUTO_TEST_CASE(memory_report_counts_low_rank_states_not_full_ones) {
   BOOST_TEST(m.bytes("state projected") == 2u * (160u + 132u + 256u + 36u) * 4u);
   BOOST_TEST(opt.local_state("w0", 0).values.empty());
   BOOST_TEST(opt.local_state("norm", 1).values.size() == 700u);
+  // After a step, state() reads the compact buffers: the plain AdamW moments of b0.
+  for (auto& g : opt.grad("b0")) g = 0.5f;
+  opt.step();
+  BOOST_TEST(opt.state("b0", 0).size() == 30u);
+  BOOST_TEST(opt.state("b0", 0)[7] == 0.05f, boost::test_tools::tolerance(1e-6f));  // (1 - 0.9) * 0.5
+  BOOST_TEST(opt.state("w0", 0).empty());
 }
 
 BOOST_AUTO_TEST_CASE(refusals) {
