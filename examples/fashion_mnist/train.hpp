@@ -446,7 +446,7 @@ history train_typed(const config& cfg) {
   return out;
 }
 
-/// Runs `Policy` with the param number type named by --param-dtype.
+/// Runs `Policy` with state encoding `Enc` and the param number type named by --param-dtype.
 template <class Policy, class Enc>
 history train_encoded(const config& cfg) {
   if (cfg.param_dtype == "fp32") return train_typed<Policy, float, Enc>(cfg);
@@ -464,9 +464,7 @@ history train_policy(const config& cfg) {
                         "galore_adamw, not " + std::string(Policy::name));
     else return train_encoded<Policy, distopt::q8>(cfg);
   }
-  if (cfg.param_dtype == "fp32") return train_typed<Policy, float, distopt::fp32>(cfg);
-  if (cfg.param_dtype == "bf16") return train_typed<Policy, distopt::bf16, distopt::fp32>(cfg);
-  throw usage_error("--param-dtype: unknown dtype '" + cfg.param_dtype + "' (fp32 or bf16)");
+  return train_encoded<Policy, distopt::fp32>(cfg);
 }
 
 }  // namespace fmnist

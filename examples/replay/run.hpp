@@ -215,8 +215,7 @@ result run_policy(const trace& tr, const config& cfg) {
           if (cfg.state == "bf16") return run_typed<Policy, Mode, distopt::bf16, P, G>(tr, cfg);
         if (cfg.state == "q8") {
           // 8-bit states: element-wise policies, fp32 or bf16 params (to keep the build small).
-          if constexpr (!layerwise && (std::is_same_v<P, float> || std::is_same_v<P, distopt::bf16>) &&
-                        (std::is_same_v<G, P> || std::is_same_v<G, float>))
+          if constexpr (!layerwise && training_pair && (std::is_same_v<P, float> || std::is_same_v<P, distopt::bf16>))
             return run_typed<Policy, Mode, distopt::q8, P, G>(tr, cfg);
           throw usage_error(layerwise ? "--state q8: 8-bit states are for element-wise policies, not " + std::string(Policy::name)
                                       : std::string("--state q8: distopt-replay takes fp32 or bf16 params with q8, and grads "

@@ -220,13 +220,9 @@ class optimizer {
     }
     if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
     if (options_.percentile_clipping < 100) {
-      const auto tensors = layout_.tensors();
-      gnorm_vec_.assign(tensors.size(), {});
-      for (const detail::shard_bucket& b : plan_.buckets())
-        for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-          const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
-          if (lo / b.shard_elems != hi / b.shard_elems) straddlers_.push_back(i);
-        }
+      gnorm_vec_.assign(layout_.tensors().size(), {});
+      for (std::size_t i = 0; i < layout_.tensors().size(); ++i)
+        if (plan_.straddles(i)) straddlers_.push_back(i);
     }
     if constexpr (is_layerwise) {
       init_layerwise();
@@ -297,9 +293,8 @@ class optimizer {
     const std::size_t slot = static_cast<std::size_t>(check_slot(k));
     if (pm.codes[slot].empty()) return pm.state[slot];
     std::vector<float> out(pm.codes[slot].size());
-    for (std::size_t b0 = 0; b0 < out.size(); b0 += q8::block)
-      detail::decode_block(codebook(k).values().data(), pm.codes[slot].data() + b0, pm.absmax[slot][b0 / q8::block],
-                           std::min(q8::block, out.size() - b0), out.data() + b0);
+    detail::decode_blocks(codebook(k).values().data(), pm.codes[slot].data(), pm.absmax[slot].data(), out.size(),
+                          out.data());
     return out;
   }
   /// GaLore: the projector of tensor `name` (its rank, side and current projection).
@@ -319,9 +314,8 @@ class optimizer {
         std::copy_n(small_[k].data() + q.offset, q.count, out.values.data());
         return out;
       }
-      const detail::q8_codebook& book = codebook(k);
-      for (std::size_t i = 0; i < q.count; ++i)
-        out.values[i] = book.value(states_[k].data()[q.offset + i]) * absmax_[k].data()[(q.offset + i) / q8::block];
+      detail::decode_blocks(codebook(k).values().data(), states_[k].data() + q.offset,
+                            absmax_[k].data() + q.offset / q8::block, q.count, out.values.data());
       return out;
     } else {
       const shard_view<const state_type> v = local_state(name, k);
@@ -821,17 +815,14 @@ class optimizer {
     exec_.parallel_for(b.end_piece - b.first_piece, [&](std::size_t c) {
       const detail::shard_piece& pc = pieces[b.first_piece + c];
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
+      if constexpr (projects)
+        if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
       const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
       if constexpr (is_quantized) {
-        if constexpr (projects)
-          if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
         run_q8_piece<Mode, N>(sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
       } else {
         std::size_t at = pc.local;
-        if constexpr (projects) {
-          if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
-          at = state_offset_[b.first_piece + c];
-        }
+        if constexpr (projects) at = state_offset_[b.first_piece + c];
         detail::update_args<param_type, G, state_type> a{
             params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
             uses_master() ? master_.data() + pc.local : nullptr, {}, scale, key, pc.layout};
@@ -990,8 +981,7 @@ class optimizer {
       projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}, {}, {}};
       const auto low = pm.proj.low_rank_shape(pm.m, pm.n);  // checks the rank against the shape
       // Its low-rank states live on the ranks that hold part of it.
-      bool held = false;
-      for (const detail::shard_piece& pc : plan_.pieces()) held = held || pc.tensor == i;
+      const bool held = !plan_.pieces_of(i).empty();
       const std::size_t ln = static_cast<std::size_t>(low[0] * low[1]);
       if (held && is_quantized && ln >= options_.min_8bit_size) {
         for (int k = 0; k < 2; ++k) {  // the low-rank matrix in blocks of 256, as a tensor's
@@ -1021,16 +1011,13 @@ class optimizer {
 
   shard_view<const state_type> projected_local_state(std::string_view name, int k) const {
     const std::size_t i = index_of(name);
-    if (matrix_index_[i] >= 0) return {};
+    const detail::piece_range r = plan_.pieces_of(i);
+    if (matrix_index_[i] >= 0 || r.empty()) return {};
     const auto& pieces = plan_.pieces();
-    for (std::size_t c = 0; c < pieces.size(); ++c) {
-      if (pieces[c].tensor != i) continue;
-      std::size_t n = 0;
-      for (std::size_t e = c; e < pieces.size() && pieces[e].tensor == i; ++e) n += pieces[e].count;
-      return {std::span<const state_type>(states_[k].data() + state_offset_[c], n),
-              pieces[c].layout - layout_.tensors()[i].offset};
-    }
-    return {};
+    std::size_t n = 0;
+    for (std::size_t c = r.first; c < r.end; ++c) n += pieces[c].count;
+    return {std::span<const state_type>(states_[k].data() + state_offset_[r.first], n),
+            pieces[r.first].layout - layout_.tensors()[i].offset};
   }
 
   /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
@@ -1048,10 +1035,8 @@ class optimizer {
     }
     const auto& pieces = plan_.pieces();
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-      if (matrix_index_[i] < 0) continue;
-      bool held = false;
-      for (std::size_t c = b.first_piece; c < b.end_piece; ++c) held = held || pieces[c].tensor == i;
-      if (!held) continue;  // another rank's: nothing of it to update here
+      const detail::piece_range mine = plan_.pieces_of(i);
+      if (matrix_index_[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
       projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
       const tensor_slot& t = layout_.tensors()[i];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
@@ -1080,12 +1065,8 @@ class optimizer {
             st2[0][e] = st[0];
             st2[1][e] = st[1];
           }
-          for (int k = 0; k < 2; ++k) {
-            const float amax = detail::block_absmax(st2[k], n);
-            pm.absmax[k][blk] = amax;
-            detail::encode_block(st2[k], amax > 0.0f ? 1.0f / amax : 0.0f, n, codebook(k).lookup(),
-                                 pm.codes[k].data() + b0);
-          }
+          for (int k = 0; k < 2; ++k)
+            detail::requantize_block(st2[k], n, codebook(k).lookup(), pm.absmax[k][blk], pm.codes[k].data() + b0);
         }
       } else {
         for (std::size_t e = 0; e < ln; ++e) {
@@ -1096,23 +1077,15 @@ class optimizer {
         }
       }
       pm.proj.project_back(low, back);
-      for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
+      for (std::size_t c = mine.first; c < mine.end; ++c) {
         const detail::shard_piece& pc = pieces[c];
-        if (pc.tensor != i) continue;
         const std::size_t first = pc.layout - t.offset;
         param_type* p = params_.data() + pc.buffer;
         float* m = uses_master() ? master_.data() + pc.local : nullptr;
         for (std::size_t e = 0; e < pc.count; ++e) {
           float value = Mode == detail::param_mode::master ? m[e] : to_float(p[e]);
           Policy::apply(s, value, back[first + e]);
-          if constexpr (Mode == detail::param_mode::master) {
-            m[e] = value;
-            p[e] = from_float<param_type>(value);
-          } else if constexpr (Mode == detail::param_mode::no_master_sr) {
-            p[e] = stochastic_round_bf16(value, detail::mix32(key, pc.layout + e));
-          } else {
-            p[e] = from_float<param_type>(value);
-          }
+          detail::store_param<Mode>(p, m, e, value, key, pc.layout);
         }
       }
     }
@@ -1166,16 +1139,11 @@ class optimizer {
     if constexpr (projects)
       if (matrix_index_[i] >= 0) return q;  // a projected matrix: no element states
     q.quantized = layout_.tensors()[i].numel >= options_.min_8bit_size;
-    bool found = false;
-    for (std::size_t c = 0; c < pieces.size(); ++c) {
-      if (pieces[c].tensor != i) continue;
-      if (!found) {
-        q.offset = q8_piece_[c].offset;
-        q.first = pieces[c].layout - layout_.tensors()[i].offset;
-        found = true;
-      }
-      q.count += pieces[c].count;
-    }
+    const detail::piece_range r = plan_.pieces_of(i);
+    if (r.empty()) return q;
+    q.offset = q8_piece_[r.first].offset;
+    q.first = pieces[r.first].layout - layout_.tensors()[i].offset;
+    for (std::size_t c = r.first; c < r.end; ++c) q.count += pieces[c].count;
     return q;
   }
 
@@ -1216,17 +1184,13 @@ class optimizer {
     const auto tensors = layout_.tensors();
     lt_.assign(tensors.size(), layer_tensor{});
     const auto& pieces = plan_.pieces();
-    for (std::size_t c = 0; c < pieces.size(); ++c) {
-      layer_tensor& t = lt_[pieces[c].tensor];
-      if (!t.local) t.first_piece = c;
-      t.local = true;
-      t.end_piece = c + 1;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const detail::piece_range r = plan_.pieces_of(i);
+      lt_[i].local = !r.empty();
+      lt_[i].first_piece = r.first;
+      lt_[i].end_piece = r.end;
+      lt_[i].straddles = plan_.straddles(i);
     }
-    for (const detail::shard_bucket& b : plan_.buckets())
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-        const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
-        lt_[i].straddles = lo / b.shard_elems != hi / b.shard_elems;
-      }
     // Compact slot buffers: slot k holds the pieces of the tensors that keep it.
     slot_offset_.assign(pieces.size(), {});
     std::array<std::size_t, 4> size{};

@@ -49,12 +49,10 @@ import warnings
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_traces import ATOL, RTOL, Case, canonicalize_header, fmt_value  # noqa: E402
+from make_traces import ATOL, RTOL, Case, fmt_value, save_checked  # noqa: E402
 
 TRACE_DIR = os.path.join(HERE, "traces")
 CASES_TXT = os.path.join(HERE, "galore_cases.txt")
@@ -378,18 +376,6 @@ def metadata(case: Case) -> dict:
         "reference": reference_version(),
         "galore_params": ",".join(GALORE_NAMES),
     }
-
-
-def save_checked(tensors: dict, path: str, meta: dict) -> None:
-    for t in tensors.values():
-        assert t.dtype == torch.float32
-    save_file(tensors, path, metadata=meta)
-    canonicalize_header(path)
-    with safe_open(path, framework="pt") as f:
-        assert f.metadata() == meta, path
-        assert sorted(f.keys()) == sorted(tensors), path
-        for n in f.keys():
-            assert torch.equal(f.get_tensor(n), tensors[n]), (path, n)
 
 
 def write_case(case: Case, params0, grads, final) -> None:

@@ -823,6 +823,20 @@ def canonicalize_header(path: str) -> None:
         f.write(struct.pack("<Q", len(text)) + text + data)
 
 
+def save_checked(tensors: dict, path: str, meta: dict) -> None:
+    """Writes float32 `tensors` with `meta`, canonicalises the header, and reads the file
+    back with safetensors itself to check it."""
+    for t in tensors.values():
+        assert t.dtype == torch.float32
+    save_file(tensors, path, metadata=meta)
+    canonicalize_header(path)
+    with safe_open(path, framework="pt") as f:
+        assert f.metadata() == meta, path
+        assert sorted(f.keys()) == sorted(tensors), path
+        for n in f.keys():
+            assert torch.equal(f.get_tensor(n), tensors[n]), (path, n)
+
+
 def write_case(case: Case, params0, grads, final):
     meta = metadata(case, len(grads))
     trace = {}
@@ -832,21 +846,10 @@ def write_case(case: Case, params0, grads, final):
         for n, t in step.items():
             trace[f"grad.{k}.{n}"] = t.contiguous()
     expected = {f"param.{n}": t.contiguous() for n, t in final.items()}
-    for d in (trace, expected):
-        for t in d.values():
-            assert t.dtype == torch.float32
     tpath = os.path.join(TRACE_DIR, f"{case.name}.trace.safetensors")
     epath = os.path.join(TRACE_DIR, f"{case.name}.expected.safetensors")
-    save_file(trace, tpath, metadata=meta)
-    save_file(expected, epath, metadata=meta)
-    # Round-trip check of the canonicalised files with safetensors itself.
-    for path, tensors in ((tpath, trace), (epath, expected)):
-        canonicalize_header(path)
-        with safe_open(path, framework="pt") as f:
-            assert f.metadata() == meta, path
-            assert sorted(f.keys()) == sorted(tensors), path
-            for n in f.keys():
-                assert torch.equal(f.get_tensor(n), tensors[n]), (path, n)
+    save_checked(trace, tpath, meta)
+    save_checked(expected, epath, meta)
     return tpath, epath
 
 

@@ -55,10 +55,24 @@ DISTOPT_INLINE void decode_block(const float* DISTOPT_RESTRICT map, const std::u
   for (std::size_t i = 0; i < m; ++i) out[i] = map[code[i]] * absmax;
 }
 
+/// Decodes n codes laid out in blocks of q8::block: out[i] = map[codes[i]] * absmax[i / block].
+inline void decode_blocks(const float* map, const std::uint8_t* codes, const float* absmax, std::size_t n, float* out) {
+  for (std::size_t b0 = 0; b0 < n; b0 += q8::block)
+    decode_block(map, codes + b0, absmax[b0 / q8::block], std::min(q8::block, n - b0), out + b0);
+}
+
 /// Writes the nearest codes of x[0, m) * inv through one slot's lookup table.
 DISTOPT_INLINE void encode_block(const float* DISTOPT_RESTRICT x, float inv, std::size_t m,
                                  const std::int32_t* DISTOPT_RESTRICT lut, std::uint8_t* DISTOPT_RESTRICT out) {
   for (std::size_t i = 0; i < m; ++i) out[i] = q8_codebook::q8_nearest(lut, x[i] * inv);
+}
+
+/// Stores one block's new values x[0, m): their absmax, then the nearest codes of x / absmax.
+DISTOPT_INLINE void requantize_block(const float* DISTOPT_RESTRICT x, std::size_t m, const std::int32_t* lut,
+                                     float& absmax, std::uint8_t* DISTOPT_RESTRICT out) {
+  const float amax = block_absmax(x, m);
+  absmax = amax;
+  encode_block(x, amax > 0.0f ? 1.0f / amax : 0.0f, m, lut, out);
 }
 
 /// Updates the `n` elements `a` points to, with N quantized state slots.
@@ -91,20 +105,9 @@ DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, cons
       [&]<int... K>(std::integer_sequence<int, K...>) { ((st[K] = slot<K>(f0, f1, f2, f3)[i]), ...); }(slots);
       Policy::update(s, value, to_float(g[i]) * scale, st);
       [&]<int... K>(std::integer_sequence<int, K...>) { ((slot<K>(f0, f1, f2, f3)[i] = st[K]), ...); }(slots);
-      if constexpr (Mode == param_mode::master) {
-        mw[i] = value;
-        p[i] = from_float<Param>(value);
-      } else if constexpr (Mode == param_mode::no_master_sr) {
-        p[i] = stochastic_round_bf16(value, mix32(a.random_key, a.random_base + b0 + i));
-      } else {
-        p[i] = from_float<Param>(value);
-      }
+      store_param<Mode>(p, mw, i, value, a.random_key, a.random_base + b0);
     }
-    for (int k = 0; k < N; ++k) {
-      const float amax = block_absmax(fresh[k], m);
-      a.absmax[k][blk] = amax;
-      encode_block(fresh[k], amax > 0.0f ? 1.0f / amax : 0.0f, m, a.lut[k], a.code[k] + b0);
-    }
+    for (int k = 0; k < N; ++k) requantize_block(fresh[k], m, a.lut[k], a.absmax[k][blk], a.code[k] + b0);
   }
 }
 

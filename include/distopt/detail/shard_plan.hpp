@@ -35,6 +35,12 @@ struct shard_bucket {
   std::size_t padded() const noexcept { return shard_elems * shards; }
 };
 
+/// This rank's pieces of one tensor, [first, end) in the plan (empty when it holds none).
+struct piece_range {
+  std::size_t first = 0, end = 0;
+  bool empty() const noexcept { return first == end; }
+};
+
 /// A contiguous run of one tensor inside this rank's shard: the unit of work.
 struct shard_piece {
   std::size_t buffer = 0;  ///< buffer index of its first element
@@ -58,6 +64,8 @@ class shard_plan {
     const std::size_t block = l.block_size();
     const auto tensors = l.tensors();
     tensor_buffer_.resize(tensors.size());
+    tensor_pieces_.resize(tensors.size());
+    straddles_.resize(tensors.size());
     std::size_t t = 0, buffer = 0, local = 0;
     while (t < tensors.size()) {
       shard_bucket b;
@@ -73,8 +81,11 @@ class shard_plan {
       b.shard_elems = (blocks + shards_ - 1) / shards_ * block;
       b.buffer_begin = buffer;
       b.local_begin = local;
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i)
+      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
         tensor_buffer_[i] = buffer + (tensors[i].offset - b.layout_begin);
+        const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
+        straddles_[i] = lo / b.shard_elems != hi / b.shard_elems;
+      }
       buffer += b.padded();
       local += b.shard_elems;
       buckets_.push_back(b);
@@ -87,12 +98,14 @@ class shard_plan {
       const std::size_t lo = b.layout_begin + rank_ * b.shard_elems, hi = lo + b.shard_elems;
       for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
         const tensor_slot& ts = tensors[i];
+        tensor_pieces_[i].first = pieces_.size();
         const std::size_t a = std::max(lo, ts.offset), e = std::min(hi, ts.offset + ts.numel);
         for (std::size_t p = a; p < e; p += piece_elems) {
           const std::size_t n = std::min(piece_elems, e - p);
           pieces_.push_back({b.buffer_begin + (p - b.layout_begin), b.local_begin + (p - lo), p, n, ts.group, i});
           local_numel_ += n;
         }
+        tensor_pieces_[i].end = pieces_.size();
       }
       b.end_piece = pieces_.size();
     }
@@ -110,6 +123,10 @@ class shard_plan {
   std::size_t local_numel() const noexcept { return local_numel_; }
   /// Buffer index of tensor `i`'s first element.
   std::size_t tensor_buffer(std::size_t i) const { return tensor_buffer_.at(i); }
+  /// This rank's pieces of tensor `i` (consecutive in pieces()).
+  piece_range pieces_of(std::size_t i) const { return tensor_pieces_.at(i); }
+  /// Whether tensor `i`'s elements lie in more than one rank's shard.
+  bool straddles(std::size_t i) const { return straddles_.at(i); }
 
  private:
   static std::size_t round_up(std::size_t n, std::size_t b) { return (n + b - 1) / b * b; }
@@ -118,6 +135,8 @@ class shard_plan {
   std::vector<shard_bucket> buckets_;
   std::vector<shard_piece> pieces_;
   std::vector<std::size_t> tensor_buffer_;
+  std::vector<piece_range> tensor_pieces_;
+  std::vector<char> straddles_;
   std::size_t buffer_size_ = 0, local_size_ = 0, local_numel_ = 0;
 };
 

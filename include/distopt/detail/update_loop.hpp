@@ -46,6 +46,22 @@ DISTOPT_HD DISTOPT_INLINE Enc* slot(Enc* DISTOPT_RESTRICT s0, Enc* DISTOPT_RESTR
   else return s3;
 }
 
+/// Writes element i's updated fp32 `value` back: to the master and, rounded to nearest
+/// even, the param (master); stochastically rounded to the param (no_master_sr: random bits
+/// keyed by layout index `base + i`); or rounded to the param.
+template <param_mode Mode, class Param>
+DISTOPT_HD DISTOPT_INLINE void store_param(Param* DISTOPT_RESTRICT p, float* DISTOPT_RESTRICT m, std::size_t i,
+                                           float value, std::uint64_t key, std::size_t base) {
+  if constexpr (Mode == param_mode::master) {
+    m[i] = value;
+    p[i] = from_float<Param>(value);
+  } else if constexpr (Mode == param_mode::no_master_sr) {
+    p[i] = stochastic_round_bf16(value, mix32(key, base + i));
+  } else {
+    p[i] = from_float<Param>(value);
+  }
+}
+
 /// Updates the `n` elements `a` points to, with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
@@ -73,14 +89,7 @@ DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const u
     [&]<int... K>(std::integer_sequence<int, K...>) {
       ((slot<K>(s0, s1, s2, s3)[i] = from_float<Enc>(st[K])), ...);
     }(std::make_integer_sequence<int, N>{});
-    if constexpr (Mode == param_mode::master) {
-      m[i] = value;
-      p[i] = from_float<Param>(value);
-    } else if constexpr (Mode == param_mode::no_master_sr) {
-      p[i] = stochastic_round_bf16(value, mix32(a.random_key, base + i));
-    } else {
-      p[i] = from_float<Param>(value);
-    }
+    store_param<Mode>(p, m, i, value, a.random_key, base);
   }
 }
 
