@@ -26,6 +26,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -178,6 +179,26 @@ inline std::vector<std::byte> read_whole_file(const std::filesystem::path& path)
   return bytes;
 }
 
+/// Reads exactly `size` bytes at `offset`, retrying short reads and EINTR; false with errno
+/// set on an error, and with errno = 0 when the file ends first.
+inline bool read_at(int fd, std::byte* out, std::size_t size, std::uint64_t offset) {
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = 0;
+      return false;
+    }
+    out += n;
+    size -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+  return true;
+}
+
 /// Writes all of [data, data + size), retrying short writes and EINTR; false with errno set.
 inline bool write_all(int fd, const std::byte* data, std::size_t size) {
   while (size > 0) {
@@ -190,6 +211,50 @@ inline bool write_all(int fd, const std::byte* data, std::size_t size) {
     size -= static_cast<std::size_t>(n);
   }
   return true;
+}
+
+/// Replaces `path` atomically with the concatenation of `parts`: a temporary file in the
+/// same directory (".NAME.tmp-PID-RANDOM"), written, fsynced, closed and renamed over
+/// `path`; then the directory is fsynced (best effort). On failure the temporary file is
+/// removed, `path` is untouched, and std::runtime_error names the path and errno text.
+inline void atomic_write(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts) {
+  const std::filesystem::path dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const auto fail = [&](const std::string& what) {
+    return std::runtime_error(path.string() + ": " + what + ": " + std::strerror(errno));
+  };
+  // Own unique name instead of mkstemp so the file gets the usual 0666 & ~umask mode.
+  std::random_device entropy;
+  std::filesystem::path tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    std::string name = ".";
+    name += path.filename().string();
+    name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(entropy());
+    tmp = dir / name;
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) throw fail("cannot create temporary file in '" + dir.string() + "'");
+  const auto abandon = [&](const std::string& what) {
+    const int saved = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = saved;
+    return fail(what + " '" + tmp.string() + "'");
+  };
+  for (const auto part : parts)
+    if (!write_all(fd, part.data(), part.size())) throw abandon("cannot write temporary file");
+  if (::fsync(fd) != 0) throw abandon("cannot fsync temporary file");
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) throw abandon("cannot close temporary file");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw abandon("cannot rename temporary file");
+  // Make the rename itself durable; the new file is already in place, so errors are ignored.
+  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    (void)::fsync(dir_fd);
+    ::close(dir_fd);
+  }
 }
 
 /// Throws std::invalid_argument if `text` cannot be stored as a JSON string (bad UTF-8).
@@ -213,9 +278,82 @@ public:
     safetensors_reader r;
     r.path_ = path;
     r.file_ = detail::read_whole_file(path);
+    r.file_size_ = r.file_.size();
     r.parse();
     return r;
   }
+
+  /// Validates `bytes` as a whole safetensors file; `label` names it in messages (fuzzing,
+  /// files already in memory).
+  [[nodiscard]] static safetensors_reader from_bytes(std::vector<std::byte> bytes, std::string label) {
+    safetensors_reader r;
+    r.path_ = std::move(label);
+    r.file_ = std::move(bytes);
+    r.file_size_ = r.file_.size();
+    r.parse();
+    return r;
+  }
+
+  /// Reads only the length field and the header of `path` (plus its size) and validates
+  /// them, including that the entries tile the data section the file size implies. The
+  /// data is not read: bytes() and read_f32() refuse; read a tensor at data_start() +
+  /// info(name).begin yourself (checkpoints read only the slices they need).
+  [[nodiscard]] static safetensors_reader open_header(const std::filesystem::path& path) {
+    auto [head, size] = read_header(path);
+    return from_header(path, std::move(head), size);
+  }
+
+  /// The first bytes of `path` up to the end of its header (only the length field when
+  /// that is out of range) and the file's size: what open_header validates, for callers
+  /// that check a checksum of the raw bytes first.
+  [[nodiscard]] static std::pair<std::vector<std::byte>, std::uint64_t> read_header(const std::filesystem::path& path) {
+    const auto fail_io = [&](const char* what) {
+      return std::runtime_error(path.string() + ": " + what + ": " + std::strerror(errno));
+    };
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw fail_io("cannot open");
+    struct closer {
+      int fd;
+      ~closer() { ::close(fd); }
+    } guard{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw fail_io("cannot stat");
+    const auto file_size = static_cast<std::uint64_t>(st.st_size);
+    std::vector<std::byte> head;
+    std::uint64_t header_size = 0;
+    if (file_size >= 8) {
+      if (!detail::read_at(fd, reinterpret_cast<std::byte*>(&header_size), 8, 0)) throw fail_io("cannot read");
+      head.resize(8);
+      if (header_size <= file_size - 8 && header_size <= max_header_size) {
+        head.resize(static_cast<std::size_t>(8 + header_size));
+        if (!detail::read_at(fd, head.data(), head.size(), 0)) throw fail_io("cannot read");
+      } else {
+        std::memcpy(head.data(), &header_size, 8);  // parse() reports the bad length
+      }
+    }
+    return {std::move(head), file_size};
+  }
+
+  /// Validates what read_header returned (`label` names the file in messages).
+  [[nodiscard]] static safetensors_reader from_header(std::filesystem::path label, std::vector<std::byte> head,
+                                                      std::uint64_t file_size) {
+    safetensors_reader r;
+    r.path_ = std::move(label);
+    r.header_only_ = true;
+    r.file_size_ = file_size;
+    r.file_ = std::move(head);
+    r.parse();
+    return r;
+  }
+
+  /// The length field and the JSON header, as in the file (what a checkpoint checksums).
+  [[nodiscard]] std::span<const std::byte> header_bytes() const noexcept {
+    return std::span<const std::byte>(file_).first(static_cast<std::size_t>(data_start_));
+  }
+  /// Offset of the data section from the start of the file.
+  [[nodiscard]] std::uint64_t data_start() const noexcept { return data_start_; }
+  /// Size of the whole file in bytes.
+  [[nodiscard]] std::uint64_t file_size() const noexcept { return file_size_; }
 
   /// The path the file was opened from.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
@@ -248,6 +386,7 @@ public:
   /// The raw little-endian bytes of `name` (no alignment guarantee; copy before reinterpreting).
   [[nodiscard]] std::span<const std::byte> bytes(std::string_view name) const {
     const tensor_info& t = info(name);
+    if (header_only_) fail("tensor '" + t.name + "': the file was opened for its header only");
     return std::span<const std::byte>(file_).subspan(
         static_cast<std::size_t>(data_start_ + t.begin), static_cast<std::size_t>(t.end - t.begin));
   }
@@ -283,6 +422,9 @@ public:
 private:
   /// Largest header the reference implementation accepts.
   static constexpr std::uint64_t max_header_size = 100'000'000;
+  /// Deepest JSON nesting a header may have (about serde_json's limit of 128; a valid header
+  /// nests 3 levels).
+  static constexpr int max_json_depth = 128;
 
   safetensors_reader() = default;
 
@@ -291,12 +433,13 @@ private:
   }
 
   void parse() {
-    const std::uint64_t file_size = file_.size();
+    const std::uint64_t file_size = file_size_;
     if (file_size < 8) {
       fail("file size " + std::to_string(file_size) +
            " is smaller than the 8-byte header length field");
     }
     std::uint64_t header_size = 0;
+    if (file_.size() < 8) fail("cannot read the 8-byte header length field");
     std::memcpy(&header_size, file_.data(), 8);
     if (header_size > file_size - 8) {
       fail("header length " + std::to_string(header_size) + " exceeds file size " +
@@ -327,24 +470,24 @@ private:
   }
 
   // nlohmann keeps the last of duplicate keys, so a parser callback tracks the keys of
-  // every open object and records the first repeat.
+  // every open object (a set: a header may have millions) and records the first repeat.
+  // It also refuses nesting deeper than max_json_depth, as the reference (serde_json) does:
+  // nlohmann's dump() recurses, so a deeply nested value would overflow the stack.
   nlohmann::json parse_json(const char* first, const char* last) const {
-    std::vector<std::vector<std::string>> open_objects;
+    std::vector<std::set<std::string>> open_objects;
     std::optional<std::string> duplicate;
-    const auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    const auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
       using ev = nlohmann::json::parse_event_t;
+      if (depth > max_json_depth) {
+        fail("header nests JSON deeper than " + std::to_string(max_json_depth) + " levels");
+      }
       if (event == ev::object_start) {
         open_objects.emplace_back();
       } else if (event == ev::object_end) {
         if (!open_objects.empty()) open_objects.pop_back();
       } else if (event == ev::key && !open_objects.empty()) {
-        auto& keys = open_objects.back();
         auto key = parsed.get<std::string>();
-        if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
-          if (!duplicate) duplicate = std::move(key);
-        } else {
-          keys.push_back(std::move(key));
-        }
+        if (!open_objects.back().insert(key).second && !duplicate) duplicate = std::move(key);
       }
       return true;
     };
@@ -466,7 +609,9 @@ private:
   }
 
   std::filesystem::path path_;
-  std::vector<std::byte> file_;
+  std::vector<std::byte> file_;  // the whole file, or its first data_start_ bytes (header_only_)
+  std::uint64_t file_size_ = 0;
+  bool header_only_ = false;
   std::uint64_t data_start_ = 0;
   std::map<std::string, std::string> metadata_;
   std::map<std::string, tensor_info, std::less<>> tensors_;
@@ -487,6 +632,57 @@ public:
   /// dimension, or data.size() != numel * dtype size.
   void add(std::string name, std::string dtype, std::vector<std::int64_t> shape,
            std::span<const std::byte> data) {
+    add_entry(std::move(name), std::move(dtype), std::move(shape), data, true);
+  }
+
+  /// add() without a copy: `data` must stay valid until write() returns.
+  void add_view(std::string name, std::string dtype, std::vector<std::int64_t> shape,
+                std::span<const std::byte> data) {
+    add_entry(std::move(name), std::move(dtype), std::move(shape), data, false);
+  }
+
+  /// add() for float32 values.
+  void add_f32(std::string name, std::vector<std::int64_t> shape, std::span<const float> values) {
+    add(std::move(name), "F32", std::move(shape), std::as_bytes(values));
+  }
+
+  /// The 8-byte length field and the JSON header the file will start with.
+  [[nodiscard]] std::string header() const {
+    const std::string text = header_text();
+    const std::uint64_t size = text.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &size, 8);
+    return out + text;
+  }
+
+  /// Writes the file atomically: a temporary file in the target's directory, flushed and
+  /// fsynced, then renamed over `path` (the directory is fsynced too, best effort).
+  /// On failure the temporary file is removed and std::runtime_error names the path and
+  /// the errno text; an existing file at `path` is then left untouched.
+  void write(const std::filesystem::path& path) const { write(path, header()); }
+
+  /// write() with the header() already made; returns the file's size in bytes.
+  std::uint64_t write(const std::filesystem::path& path, const std::string& head) const {
+    std::vector<std::span<const std::byte>> parts{std::as_bytes(std::span<const char>(head))};
+    std::uint64_t size = head.size();
+    for (const auto& [name, e] : tensors_) {
+      parts.push_back(e.view);
+      size += e.view.size();
+    }
+    detail::atomic_write(path, parts);
+    return size;
+  }
+
+private:
+  struct entry {
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+    std::vector<std::byte> owned;     // add(): a copy
+    std::span<const std::byte> view;  // what is written: the copy, or add_view()'s bytes
+  };
+
+  void add_entry(std::string name, std::string dtype, std::vector<std::int64_t> shape,
+                 std::span<const std::byte> data, bool copy) {
     const std::string where = "safetensors_writer: tensor '" + name + "': ";
     if (name == "__metadata__") throw std::invalid_argument(where + "name is reserved");
     if (tensors_.contains(name)) throw std::invalid_argument(where + "duplicate name");
@@ -503,85 +699,20 @@ public:
                                   (expected ? std::to_string(*expected) : "too many") +
                                   " bytes, got " + std::to_string(data.size()));
     }
-    tensors_.emplace(std::move(name),
-                     entry{std::move(dtype), std::move(shape), {data.begin(), data.end()}});
-  }
-
-  /// add() for float32 values.
-  void add_f32(std::string name, std::vector<std::int64_t> shape, std::span<const float> values) {
-    add(std::move(name), "F32", std::move(shape), std::as_bytes(values));
-  }
-
-  /// Writes the file atomically: a temporary file in the target's directory, flushed and
-  /// fsynced, then renamed over `path` (the directory is fsynced too, best effort).
-  /// On failure the temporary file is removed and std::runtime_error names the path and
-  /// the errno text; an existing file at `path` is then left untouched.
-  void write(const std::filesystem::path& path) const {
-    const std::string header = header_bytes();
-    const std::uint64_t header_size = header.size();
-    std::array<std::byte, 8> length{};
-    std::memcpy(length.data(), &header_size, 8);
-
-    const std::filesystem::path dir =
-        path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-    const auto fail = [&](const std::string& what) {
-      return std::runtime_error(path.string() + ": " + what + ": " + std::strerror(errno));
-    };
-
-    // Own unique name instead of mkstemp so the file gets the usual 0666 & ~umask mode.
-    std::random_device entropy;
-    std::filesystem::path tmp;
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-      std::string name = ".";
-      name += path.filename().string();
-      name += ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(entropy());
-      tmp = dir / name;
-      fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd < 0 && errno != EEXIST) break;
-    }
-    if (fd < 0) throw fail("cannot create temporary file in '" + dir.string() + "'");
-
-    const auto abandon = [&](const std::string& what) {
-      const int saved = errno;
-      if (fd >= 0) ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = saved;
-      return fail(what + " '" + tmp.string() + "'");
-    };
-    if (!detail::write_all(fd, length.data(), length.size()) ||
-        !detail::write_all(fd, reinterpret_cast<const std::byte*>(header.data()), header.size())) {
-      throw abandon("cannot write temporary file");
-    }
-    for (const auto& [name, e] : tensors_) {
-      if (!detail::write_all(fd, e.data.data(), e.data.size())) {
-        throw abandon("cannot write temporary file");
-      }
-    }
-    if (::fsync(fd) != 0) throw abandon("cannot fsync temporary file");
-    const int closed = ::close(fd);
-    fd = -1;
-    if (closed != 0) throw abandon("cannot close temporary file");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) throw abandon("cannot rename temporary file");
-
-    // Make the rename itself durable; the new file is already in place, so errors are ignored.
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {
-      (void)::fsync(dir_fd);
-      ::close(dir_fd);
+    auto& e = tensors_[std::move(name)];
+    e.dtype = std::move(dtype);
+    e.shape = std::move(shape);
+    if (copy) {
+      e.owned.assign(data.begin(), data.end());
+      e.view = e.owned;
+    } else {
+      e.view = data;
     }
   }
-
-private:
-  struct entry {
-    std::string dtype;
-    std::vector<std::int64_t> shape;
-    std::vector<std::byte> data;
-  };
 
   // Compact JSON as the reference writer emits it: "__metadata__" first, then tensors by
   // name with keys dtype, shape, data_offsets; spaces pad it to a multiple of 8 bytes.
-  std::string header_bytes() const {
+  std::string header_text() const {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     if (!metadata_.empty()) {
       auto& meta = header["__metadata__"] = nlohmann::ordered_json::object();
@@ -592,8 +723,8 @@ private:
       nlohmann::ordered_json t = nlohmann::ordered_json::object();
       t["dtype"] = e.dtype;
       t["shape"] = e.shape;
-      t["data_offsets"] = nlohmann::ordered_json::array({offset, offset + e.data.size()});
-      offset += e.data.size();
+      t["data_offsets"] = nlohmann::ordered_json::array({offset, offset + e.view.size()});
+      offset += e.view.size();
       header[name] = std::move(t);
     }
     std::string text = header.dump();
