@@ -40,6 +40,12 @@ class loss_scaler {
   /// Clean steps since the last change of scale.
   std::int64_t growth_tracker() const noexcept { return tracker_; }
 
+  /// Sets the scale and the count of clean steps (a checkpoint's); the options stay.
+  void restore(double scale, std::int64_t growth_tracker) noexcept {
+    scale_ = scale;
+    tracker_ = growth_tracker;
+  }
+
   /// Records one step's outcome, as GradScaler.update().
   void update(bool found_inf) noexcept {
     if (found_inf) {

@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -21,6 +24,7 @@
 #include "comm/single.hpp"
 #include "concepts.hpp"
 #include "detail/buffer.hpp"
+#include "detail/checkpoint_item.hpp"
 #include "detail/exact_sum.hpp"
 #include "detail/fixed_sum.hpp"
 #include "detail/layer_loop.hpp"
@@ -33,6 +37,7 @@
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
+#include "policy/hyper_text.hpp"
 #include "step_info.hpp"
 #include "storage/q8.hpp"
 #include "storage/replicated.hpp"
@@ -83,6 +88,15 @@ struct optimizer_options {
   /// Element-wise policies only.
   int percentile_clipping = 100;
 };
+
+namespace io {
+struct checkpoint_access;
+/// Defined in <distopt/checkpoint.hpp> (needs xxHash: Debian's libxxhash-dev).
+template <class Optimizer>
+void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir);
+template <class Optimizer>
+void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir);
+}  // namespace io
 
 /// One rank's part of a tensor's master weights or state: `values` are elements
 /// [first, first + values.size()) of the tensor (in its flat, row-major order).
@@ -610,11 +624,250 @@ class optimizer {
   /// The same as memory().
   distopt::memory_report memory_report() const { return memory(); }
 
+  /// Writes a checkpoint into directory `dir` (created if needed): one safetensors file
+  /// per rank and index.json, written last; the previous checkpoint there stays loadable
+  /// until the new index replaces it. Collective over the data-parallel group and the
+  /// tensor-parallel group. Needs `#include <distopt/checkpoint.hpp>` (xxHash).
+  void save(const std::filesystem::path& dir) { io::save_checkpoint(*this, dir); }
+  /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the
+  /// same tensor-parallel size; afterwards steps continue bit for bit as the run that saved
+  /// it would have. A missing, corrupt or mismatched checkpoint throws io::checkpoint_error
+  /// on every rank and leaves this optimizer as it was. Collective, as save.
+  void load(const std::filesystem::path& dir) { io::load_checkpoint(*this, dir); }
+
   /// Layer-wise policies: bytes of statistics this rank has put into all-reduces so far
   /// (over DP and TP; what each collective then sends is the communicator's bytes_sent).
   std::size_t statistics_bytes() const noexcept { return stat_bytes_; }
 
  private:
+  friend struct io::checkpoint_access;
+
+  // ---------------------------------------------------------------------------------
+  // Checkpoints: this rank's state as named flat vectors (distopt/checkpoint.hpp does
+  // the files). A slice item is the elements of a tensor this rank holds (all of them when
+  // replicated, where rank 0 alone writes); a whole item (row and column states, GaLore's
+  // low-rank states and projections) is kept by every rank holding part of its tensor and
+  // written by the one holding the tensor's first element.
+  // ---------------------------------------------------------------------------------
+
+  static std::string safetensors_dtype(dtype t) {
+    return t == dtype::f32 ? "F32" : t == dtype::bf16 ? "BF16" : "F16";
+  }
+
+  /// Whether this rank writes the items of tensor `i`: sliced (`whole` false) or whole.
+  bool writes_tensor(std::size_t i, bool whole) const {
+    const detail::piece_range r = plan_.pieces_of(i);
+    if (r.empty() || (!is_sharded && comm_.rank() != 0)) return false;
+    return !whole || plan_.pieces()[r.first].layout == layout_.tensors()[i].offset;
+  }
+
+  /// Appends the item for this rank's slice [first, first + count) of tensor `i`'s vector
+  /// `suffix`, whose element k lives at `base[k - first]`.
+  template <class T>
+  void add_slice_item(std::vector<detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
+                      T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
+                      std::vector<std::int64_t> shape, bool whole = false) {
+    detail::checkpoint_item it;
+    it.name = layout_.tensors()[i].name + "/" + suffix;
+    it.dtype = std::move(st_dtype);
+    it.element_size = sizeof(T);
+    it.total = total;
+    it.shape = shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(total)} : std::move(shape);
+    it.first = first;
+    it.count = count;
+    it.save = writes_tensor(i, whole);
+    it.load = true;
+    it.source = reinterpret_cast<const std::byte*>(base);
+    it.install = [base, count](std::span<const std::byte> b) {
+      if (count != 0) std::memcpy(static_cast<void*>(base), b.data(), count * sizeof(T));
+    };
+    out.push_back(std::move(it));
+  }
+
+  /// A whole item of tensor `i` held in `v` (which load resizes only through `install`).
+  void add_whole_item(std::vector<detail::checkpoint_item>& out, std::size_t i, std::string suffix,
+                      std::vector<float>& v) {
+    add_slice_item(out, i, std::move(suffix), "F32", v.data(), v.size(), 0, v.size(), {}, true);
+  }
+
+  template <class T>
+  void add_whole_q8_items(std::vector<detail::checkpoint_item>& out, std::size_t i, const std::string& suffix,
+                          std::vector<std::uint8_t>& codes, std::vector<T>& absmax) {
+    add_slice_item(out, i, suffix + ".codes", "U8", codes.data(), codes.size(), 0, codes.size(), {}, true);
+    add_slice_item(out, i, suffix + ".absmax", "F32", absmax.data(), absmax.size(), 0, absmax.size(), {}, true);
+  }
+
+  /// Every piece of state this rank holds, as checkpoint items.
+  std::vector<detail::checkpoint_item> checkpoint_items() {
+    std::vector<detail::checkpoint_item> out;
+    const auto tensors = layout_.tensors();
+    const auto& pieces = plan_.pieces();
+    std::string sdt = "U8";
+    if constexpr (!is_quantized) sdt = safetensors_dtype(dtype_of<state_type>);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const tensor_slot& t = tensors[i];
+      const detail::piece_range r = plan_.pieces_of(i);
+      if (r.empty()) continue;
+      const detail::shard_piece& p0 = pieces[r.first];
+      std::size_t count = 0;
+      for (std::size_t c = r.first; c < r.end; ++c) count += pieces[c].count;
+      const std::uint64_t first = p0.layout - t.offset;
+      add_slice_item(out, i, "param", safetensors_dtype(dtype_of<param_type>), params_.data() + p0.buffer, t.numel,
+                     first, count, t.shape);
+      if (uses_master()) {
+        add_slice_item(out, i, "master", "F32", master_.data() + p0.local, t.numel, first, count, t.shape);
+        out.back().save = out.back().save && master_ready_;
+        out.back().load = false;  // when the checkpoint has master weights (checkpoint_access decides)
+      }
+      for (int k = 0; k < slots_; ++k) {
+        const std::string slot = "state." + std::to_string(k);
+        if constexpr (projects) {
+          if (matrix_index_[i] >= 0) continue;  // its low-rank states: below
+        }
+        if constexpr (is_quantized) {
+          const q8_piece& q = q8_piece_[r.first];
+          if (q.quantized) {
+            add_slice_item(out, i, slot + ".codes", "U8", states_[k].data() + q.offset, t.numel, first, count, t.shape);
+            const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
+            add_slice_item(out, i, slot + ".absmax", "F32", absmax_[k].data() + q.offset / q8::block,
+                           (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
+          } else {
+            add_slice_item(out, i, slot, "F32", small_[k].data() + q.offset, t.numel, first, count, t.shape);
+          }
+        } else if constexpr (is_layerwise) {
+          if (!((lt_[i].slot_mask >> k) & 1u)) continue;
+          add_slice_item(out, i, slot, sdt, states_[k].data() + slot_offset_[r.first][static_cast<std::size_t>(k)],
+                         t.numel, first, count, t.shape);
+        } else if constexpr (projects) {
+          add_slice_item(out, i, slot, sdt, states_[k].data() + state_offset_[r.first], t.numel, first, count, t.shape);
+        } else {
+          add_slice_item(out, i, slot, sdt, states_[k].data() + p0.local, t.numel, first, count, t.shape);
+        }
+      }
+      if (!gnorm_vec_.empty())  // percentile clipping: the tensor's norm history (its holders' is exact)
+        add_slice_item(out, i, "clip_history", "F32", gnorm_vec_[i].data(), 100, 0, 100, {}, true);
+      if constexpr (is_layerwise) {
+        layer_tensor& lt = lt_[i];
+        if (lt.factored) {
+          if (!lt.row_state.empty()) add_whole_item(out, i, "row_states", lt.row_state);
+          if (!lt.col_state.empty()) add_whole_item(out, i, "col_states", lt.col_state);
+        }
+      }
+      if constexpr (projects) {
+        if (matrix_index_[i] >= 0) {
+          projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
+          for (int k = 0; k < 2; ++k) {
+            const std::string name = "projected." + std::to_string(k);
+            if (!pm.codes[k].empty()) add_whole_q8_items(out, i, name, pm.codes[k], pm.absmax[k]);
+            else add_whole_item(out, i, name, pm.state[k]);
+          }
+          // The projection: Q (m x r) and/or P (r x n); saved once computed, loaded when
+          // the checkpoint has it (into staging: set_ortho installs both at the end).
+          const auto side = pm.proj.side_for(pm.m, pm.n);
+          using side_t = decltype(side);
+          const std::int64_t rk = pm.proj.rank();
+          auto& staged = ortho_staging_[static_cast<std::size_t>(matrix_index_[i])];
+          const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
+                                                   side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
+          for (int k = 0; k < 2; ++k) {
+            if (sizes[k] == 0) continue;
+            detail::checkpoint_item it;
+            it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
+            it.dtype = "F32";
+            it.total = it.count = sizes[k];
+            it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
+            it.save = writes_tensor(i, true) && pm.proj.has_ortho();
+            it.load = false;  // optional: when the checkpoint has it
+            it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
+            it.install = [&staged, k, n = sizes[k]](std::span<const std::byte> b) {
+              staged[static_cast<std::size_t>(k)].resize(n);
+              std::memcpy(staged[static_cast<std::size_t>(k)].data(), b.data(), n * sizeof(float));
+              staged[2].resize(1);  // marks the matrix as staged
+            };
+            out.push_back(std::move(it));
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  /// What must match (identity) and what is restored (state) on load.
+  detail::checkpoint_scalars checkpoint_scalars() const {
+    detail::checkpoint_scalars s;
+    const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
+    id("policy", std::string(Policy::name));
+    if constexpr (is_quantized) id("encoding", "q8");
+    else id("encoding", std::string(dtype_name(dtype_of<state_type>)));
+    id("param_dtype", std::string(dtype_name(dtype_of<param_type>)));
+    id("grad_dtype", std::string(dtype_name(dtype_of<grad_type>)));
+    id("master_weights", uses_master() ? "true" : "false");
+    id("block_size", std::to_string(layout_.block_size()));
+    id("groups", std::to_string(groups_.size()));
+    id("state_slots", std::to_string(slots_));
+    if constexpr (is_quantized) id("min_8bit_size", std::to_string(options_.min_8bit_size));
+    id("percentile_clipping", std::to_string(options_.percentile_clipping));
+    id("loss_scaling", scaler_ ? "dynamic" : "off");
+    id("tensors", std::to_string(layout_.tensors().size()));
+    for (const tensor_slot& t : layout_.tensors()) id("tensor " + t.name, detail::describe_tensor(t));
+    const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
+    st("step", std::to_string(step_));
+    st("seed", std::to_string(options_.seed));
+    st("master_ready", master_ready_ ? "true" : "false");
+    std::string started;
+    for (std::size_t g = 0; g < groups_.size(); ++g) started += g < state_started_.size() && state_started_[g] ? '1' : '0';
+    st("state_started", started);
+    if (scaler_) {
+      st("loss_scale", detail::format_number(scaler_->scale()));
+      st("growth_tracker", std::to_string(scaler_->growth_tracker()));
+    }
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      st("group " + std::to_string(g), hyper_params_string<Policy>(groups_[g]));
+    return s;
+  }
+
+  /// Restores the state scalars (already checked to parse: checkpoint_access validates
+  /// them before any rank installs anything) and finishes what install staged.
+  void restore_checkpoint(const std::map<std::string, std::string, std::less<>>& st) {
+    step_ = std::stoll(st.at("step"));
+    options_.seed = std::stoull(st.at("seed"));
+    master_ready_ = st.at("master_ready") == "true";
+    const std::string& started = st.at("state_started");
+    state_started_.assign(groups_.size(), false);
+    for (std::size_t g = 0; g < groups_.size(); ++g) state_started_[g] = started[g] == '1';
+    if (scaler_) scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
+    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g] = parse_checkpoint_group(st.at("group " + std::to_string(g)));
+    if constexpr (is_layerwise) init_layerwise_geometry();
+    if constexpr (projects) {
+      for (std::size_t j = 0; j < matrices_.size(); ++j) {
+        projected_matrix& pm = matrices_[j];
+        auto& staged = ortho_staging_[j];
+        const hyper_params& h = groups_[static_cast<std::size_t>(layout_.tensors()[pm.tensor].group)];
+        pm.proj = projector_type(h);
+        if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
+        staged = {};
+      }
+    }
+    clip_.reset();
+    reduced_ = false;
+    if (is_sharded && comm_.size() > 1) gather_params();
+  }
+
+  /// The hyper-parameters of a group from their text form; throws std::invalid_argument.
+  static hyper_params parse_checkpoint_group(std::string_view text) {
+    hyper_params h;
+    while (!text.empty()) {
+      const std::size_t space = text.find(' ');
+      const std::string_view kv = text.substr(0, space);
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string_view::npos) throw std::invalid_argument("hyper-parameter '" + std::string(kv) + "' has no '='");
+      set_hyper_param<Policy>(h, kv.substr(0, eq), kv.substr(eq + 1));
+      text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+    }
+    h.validate();
+    return h;
+  }
+
   /// Elements per work item: a multiple of every block size, large enough to amortise a
   /// dispatch, small enough to balance threads.
   static constexpr std::size_t chunk_elems = 1u << 14;
@@ -994,6 +1247,7 @@ class optimizer {
       matrix_index_[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
     }
+    ortho_staging_.resize(matrices_.size());
     if (!matrices_.empty() && reduces_in_fp32())
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": grad_reduce_in_fp32 is not supported with projected matrices");
@@ -1587,6 +1841,7 @@ class optimizer {
   std::vector<int> matrix_index_;           // GaLore: per tensor, its index in matrices_ or -1
   std::vector<std::size_t> state_offset_;   // GaLore: per piece, offset in the compact states
   std::vector<float> work_;                 // GaLore: gradient, low-rank and update of one matrix
+  std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // GaLore: projections being loaded
   std::vector<std::array<float, 100>> gnorm_vec_;  // percentile clipping: per tensor
   std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
   std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor

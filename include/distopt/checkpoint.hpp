@@ -1,0 +1,647 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file Checkpoints: `opt.save(dir)` and `opt.load(dir)` (collective).
+///
+/// A checkpoint is a directory:
+///   index.json                                  written last, atomically (rename)
+///   distopt-GEN-tpT-of-TT-rankR-of-D.safetensors  one per rank, written before the index
+/// GEN names one save (the step and a random number all ranks agree on), so a new save
+/// never overwrites the files the current index names: a crash at any point leaves the
+/// previous checkpoint loadable. After the new index is in place, rank 0 removes the older
+/// generations' files and any temporary files.
+///
+/// Each rank file holds this rank's slices of every tensor's params, master weights and
+/// states under stable names ("<tensor>/param", "<tensor>/master", "<tensor>/state.K",
+/// "<tensor>/state.K.codes" and ".absmax" for q8, "<tensor>/row_states",
+/// "<tensor>/col_states", "<tensor>/projected.K", "<tensor>/projector.left|right",
+/// "<tensor>/clip_history"). Its "__metadata__" entry "distopt.items" says, per name, which
+/// elements [first, first + count) of a flat vector of `total` elements the slice holds,
+/// the whole vector's shape, and an xxHash3-64 of each chunk of 2^18 elements (chunks
+/// aligned to the vector, so a reader checks exactly the chunks it reads). The index holds
+/// the policy, dtypes, layout, step, hyper-parameters and other scalars, the size and
+/// header hash of every rank file, and a hash of itself.
+///
+/// Loading works for any data-parallel size: each rank reads the headers, then only the
+/// chunks that hold its own elements. Every rank checks everything it reads; then the
+/// ranks agree (one all-reduce) before anyone changes its state, so a bad checkpoint
+/// leaves every rank's optimizer as it was. The tensor-parallel size must be the one the
+/// checkpoint was written with (each TP rank has its own files).
+///
+/// Needs xxHash (Debian: libxxhash-dev), used header-only.
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.hpp"
+#include "optimizer.hpp"
+#include "version.hpp"
+
+#ifndef XXH_INLINE_ALL
+#define XXH_INLINE_ALL
+#endif
+#include <xxhash.h>
+
+namespace distopt::io {
+
+/// A checkpoint that cannot be written or loaded; what() names the file and the problem.
+class checkpoint_error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Elements per checksum chunk.
+inline constexpr std::uint64_t checkpoint_chunk = std::uint64_t{1} << 18;
+/// The format version this code writes and reads.
+inline constexpr int checkpoint_format_version = 1;
+
+namespace detail {
+
+inline std::uint64_t xxh3(const void* data, std::size_t size) noexcept { return XXH3_64bits(data, size); }
+
+inline std::string hex64(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+inline std::optional<std::uint64_t> parse_hex64(std::string_view s) {
+  if (s.size() != 16) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    v = v << 4 | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
+/// Chunks of the slice [first, first + count) of a vector: chunk boundaries at multiples
+/// of checkpoint_chunk.
+inline std::uint64_t chunk_count(std::uint64_t first, std::uint64_t count) noexcept {
+  return count == 0 ? 0 : (first + count - 1) / checkpoint_chunk - first / checkpoint_chunk + 1;
+}
+
+/// The hashes of each chunk of `count` elements starting at element `first`.
+inline std::vector<std::uint64_t> chunk_hashes(const std::byte* data, std::uint64_t first, std::uint64_t count,
+                                               std::size_t element_size) {
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t a = first; a < first + count;) {
+    const std::uint64_t e = std::min(first + count, (a / checkpoint_chunk + 1) * checkpoint_chunk);
+    out.push_back(xxh3(data + (a - first) * element_size, (e - a) * element_size));
+    a = e;
+  }
+  return out;
+}
+
+/// One rank file's record of one slice.
+struct slice_record {
+  std::string dtype;
+  std::uint64_t total = 0, first = 0, count = 0;
+  std::vector<std::int64_t> shape;
+  std::vector<std::uint64_t> hashes;
+  // Filled by the loader from the safetensors header.
+  std::size_t file = 0;
+  std::uint64_t offset = 0;  // of the slice's first byte in the file
+  std::size_t element_size = 0;
+};
+
+struct file_record {
+  std::string name;
+  std::uint64_t bytes = 0, header_hash = 0;
+};
+
+/// index.json.
+struct checkpoint_index {
+  std::string generation;
+  int dp_size = 1, tp_size = 1;
+  std::map<std::string, std::string, std::less<>> identity, state;
+  std::vector<std::vector<file_record>> files;  // [tp rank][dp rank]
+};
+
+[[noreturn]] inline void fail(const std::string& label, const std::string& what) {
+  throw checkpoint_error(label + ": " + what);
+}
+
+inline const nlohmann::json& member(const nlohmann::json& j, const char* key, const std::string& label,
+                                    nlohmann::json::value_t type) {
+  if (!j.is_object()) fail(label, "expected a JSON object");
+  const auto it = j.find(key);
+  if (it == j.end()) fail(label, std::string("missing \"") + key + "\"");
+  const bool ok = type == nlohmann::json::value_t::number_unsigned ? it->is_number_unsigned() : it->type() == type;
+  if (!ok) fail(label, std::string("\"") + key + "\" has the wrong type");
+  return *it;
+}
+
+inline std::map<std::string, std::string, std::less<>> string_map(const nlohmann::json& j, const std::string& label) {
+  if (!j.is_object()) fail(label, "expected an object of strings");
+  std::map<std::string, std::string, std::less<>> out;
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_string()) fail(label, "\"" + k + "\" is not a string");
+    out.emplace(k, v.get<std::string>());
+  }
+  return out;
+}
+
+inline nlohmann::json parse_json(std::string_view text, const std::string& label) {
+  // nlohmann's dump() recurses, so deeply nested JSON would overflow the stack in parse_index.
+  constexpr int max_depth = 128;
+  const auto limit_depth = [&](int depth, nlohmann::json::parse_event_t, const nlohmann::json&) {
+    if (depth > max_depth) fail(label, "JSON nested deeper than " + std::to_string(max_depth) + " levels");
+    return true;
+  };
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), limit_depth, false);
+  if (j.is_discarded()) fail(label, "not valid JSON");
+  return j;
+}
+
+/// The text of index.json: `index` plus "checksum", the xxHash3 of the same object's
+/// compact dump without it (keys sorted, so the dump is canonical).
+inline std::string index_text(const checkpoint_index& index) {
+  nlohmann::json j;
+  j["format"] = "distopt-checkpoint";
+  j["format_version"] = checkpoint_format_version;
+  j["distopt_version"] = std::to_string(version_major) + "." + std::to_string(version_minor) + "." +
+                         std::to_string(version_patch);
+  j["generation"] = index.generation;
+  j["dp_size"] = index.dp_size;
+  j["tp_size"] = index.tp_size;
+  j["identity"] = index.identity;
+  j["state"] = index.state;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& part : index.files) {
+    nlohmann::json p = nlohmann::json::array();
+    for (const auto& f : part) p.push_back({{"file", f.name}, {"bytes", f.bytes}, {"header_xxh3", hex64(f.header_hash)}});
+    files.push_back(std::move(p));
+  }
+  j["files"] = std::move(files);
+  const std::string body = j.dump();
+  j["checksum"] = hex64(xxh3(body.data(), body.size()));
+  return j.dump(1) + "\n";
+}
+
+/// Parses and checks the text of index.json (`label` names it in messages).
+inline checkpoint_index parse_index(std::string_view text, const std::string& label) {
+  using vt = nlohmann::json::value_t;
+  nlohmann::json j = parse_json(text, label);
+  if (!j.is_object()) fail(label, "not a JSON object");
+  const auto sum = parse_hex64(member(j, "checksum", label, vt::string).get<std::string>());
+  if (!sum) fail(label, "\"checksum\" is not 16 hex digits");
+  j.erase("checksum");
+  const std::string body = j.dump();
+  if (xxh3(body.data(), body.size()) != *sum) fail(label, "checksum mismatch: the index is corrupt");
+  if (member(j, "format", label, vt::string) != "distopt-checkpoint") fail(label, "not a distopt checkpoint index");
+  const auto version = member(j, "format_version", label, vt::number_unsigned).get<std::uint64_t>();
+  if (version != checkpoint_format_version)
+    fail(label, "format version " + std::to_string(version) + ", this distopt reads version " +
+                    std::to_string(checkpoint_format_version));
+  checkpoint_index index;
+  index.generation = member(j, "generation", label, vt::string).get<std::string>();
+  const auto dp = member(j, "dp_size", label, vt::number_unsigned).get<std::uint64_t>();
+  const auto tp = member(j, "tp_size", label, vt::number_unsigned).get<std::uint64_t>();
+  if (dp < 1 || dp > 65536 || tp < 1 || tp > 65536) fail(label, "dp_size or tp_size out of range");
+  index.dp_size = static_cast<int>(dp);
+  index.tp_size = static_cast<int>(tp);
+  index.identity = string_map(member(j, "identity", label, vt::object), label + " identity");
+  index.state = string_map(member(j, "state", label, vt::object), label + " state");
+  const auto& files = member(j, "files", label, vt::array);
+  if (files.size() != tp) fail(label, "\"files\" has " + std::to_string(files.size()) + " parts, tp_size is " + std::to_string(tp));
+  for (const auto& part : files) {
+    if (!part.is_array() || part.size() != dp) fail(label, "a part of \"files\" does not list dp_size files");
+    auto& out = index.files.emplace_back();
+    for (const auto& f : part) {
+      file_record r;
+      r.name = member(f, "file", label, vt::string).get<std::string>();
+      if (r.name.empty() || r.name.find('/') != std::string::npos || r.name[0] == '.')
+        fail(label, "file name '" + r.name + "' is not a plain file name");
+      r.bytes = member(f, "bytes", label, vt::number_unsigned).get<std::uint64_t>();
+      const auto h = parse_hex64(member(f, "header_xxh3", label, vt::string).get<std::string>());
+      if (!h) fail(label, "\"header_xxh3\" of '" + r.name + "' is not 16 hex digits");
+      r.header_hash = *h;
+      out.push_back(std::move(r));
+    }
+  }
+  return index;
+}
+
+/// The "distopt.items" metadata of a rank file: name -> its slice.
+inline std::string items_text(const std::vector<distopt::detail::checkpoint_item>& items,
+                              const std::vector<std::vector<std::uint64_t>>& hashes) {
+  nlohmann::json j = nlohmann::json::object();
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    const auto& it = items[k];
+    if (!it.save) continue;
+    nlohmann::json h = nlohmann::json::array();
+    for (std::uint64_t x : hashes[k]) h.push_back(hex64(x));
+    j[it.name] = {{"dtype", it.dtype}, {"total", it.total}, {"first", it.first}, {"count", it.count},
+                  {"shape", it.shape}, {"xxh3", std::move(h)}};
+  }
+  return j.dump();
+}
+
+/// Parses and checks a rank file's "distopt.items" text (`label` names the file).
+inline std::map<std::string, slice_record, std::less<>> parse_items(std::string_view text, const std::string& label) {
+  using vt = nlohmann::json::value_t;
+  const nlohmann::json j = parse_json(text, label + " distopt.items");
+  if (!j.is_object()) fail(label, "distopt.items is not a JSON object");
+  std::map<std::string, slice_record, std::less<>> out;
+  for (const auto& [name, v] : j.items()) {
+    const std::string where = label + " item '" + name + "'";
+    slice_record r;
+    r.dtype = member(v, "dtype", where, vt::string).get<std::string>();
+    r.total = member(v, "total", where, vt::number_unsigned).get<std::uint64_t>();
+    r.first = member(v, "first", where, vt::number_unsigned).get<std::uint64_t>();
+    r.count = member(v, "count", where, vt::number_unsigned).get<std::uint64_t>();
+    if (r.first > r.total || r.count > r.total - r.first)
+      fail(where, "slice [" + std::to_string(r.first) + ", +" + std::to_string(r.count) + ") exceeds its " +
+                      std::to_string(r.total) + " elements");
+    const auto& shape = member(v, "shape", where, vt::array);
+    std::uint64_t n = 1;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned()) fail(where, "shape holds a value that is not a non-negative integer");
+      const auto u = d.get<std::uint64_t>();
+      // Each dimension too, not only the product: after a 0 the product stays 0.
+      if (u > (std::uint64_t{1} << 62) || (u != 0 && n > (std::uint64_t{1} << 62) / u)) fail(where, "shape is too large");
+      n *= u;
+      r.shape.push_back(static_cast<std::int64_t>(u));
+    }
+    if (n != r.total) fail(where, "shape does not hold " + std::to_string(r.total) + " elements");
+    const auto& hashes = member(v, "xxh3", where, vt::array);
+    if (hashes.size() != chunk_count(r.first, r.count))
+      fail(where, "has " + std::to_string(hashes.size()) + " chunk checksums, its slice has " +
+                      std::to_string(chunk_count(r.first, r.count)) + " chunks");
+    for (const auto& h : hashes) {
+      const auto x = h.is_string() ? parse_hex64(h.get<std::string>()) : std::nullopt;
+      if (!x) fail(where, "a chunk checksum is not 16 hex digits");
+      r.hashes.push_back(*x);
+    }
+    out.emplace(name, std::move(r));
+  }
+  return out;
+}
+
+/// Agreement over the data-parallel group and then the tensor-parallel group: the largest
+/// `value` of any rank.
+template <class Comm>
+double all_max(Comm& dp, Comm* tp, double value) {
+  std::array<double, 1> v{value};
+  dp.all_reduce(std::span<double>(v), reduce_op::max);
+  if (tp) tp->all_reduce(std::span<double>(v), reduce_op::max);
+  return v[0];
+}
+
+/// Raises the same decision on every rank: this rank's own error if it had one, else a
+/// checkpoint_error naming the (highest) failing rank.
+template <class Comm>
+void agree(Comm& dp, Comm* tp, const std::string& error, const std::string& what) {
+  const int global = (tp ? tp->rank() : 0) * dp.size() + dp.rank();
+  const double failed = all_max(dp, tp, error.empty() ? 0.0 : static_cast<double>(global + 1));
+  if (!error.empty()) throw checkpoint_error(error);
+  if (failed > 0)
+    throw checkpoint_error(what + ": rank " + std::to_string(static_cast<long>(failed) - 1) +
+                           " failed (its error says why); nothing was changed");
+}
+
+inline std::string rank_file_name(const std::string& generation, int t, int tp, int r, int d) {
+  return "distopt-" + generation + "-tp" + std::to_string(t) + "-of-" + std::to_string(tp) + "-rank" +
+         std::to_string(r) + "-of-" + std::to_string(d) + ".safetensors";
+}
+
+/// Removes the files of other generations and temporary files left by crashed writes.
+inline void remove_stale(const std::filesystem::path& dir, const std::string& generation) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool ours = n.starts_with("distopt-") && n.ends_with(".safetensors");
+    const bool tmp = (n.starts_with(".distopt-") || n.starts_with(".index.json")) && n.find(".tmp-") != std::string::npos;
+    if ((ours && n.find("-" + generation + "-") == std::string::npos) || tmp) std::filesystem::remove(e.path(), ec);
+  }
+}
+
+/// A file opened for reading slices.
+struct read_file {
+  std::filesystem::path path;
+  int fd = -1;
+  read_file() = default;
+  read_file(const read_file&) = delete;
+  read_file& operator=(const read_file&) = delete;
+  ~read_file() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// Reads elements [a, b) of `s` (a slice in file `f`) into `out`, reading and checking
+/// every chunk they touch.
+inline void read_slice(const read_file& f, const slice_record& s, std::uint64_t a, std::uint64_t b, std::byte* out,
+                       std::vector<std::byte>& buffer, const std::string& item) {
+  const std::uint64_t c = checkpoint_chunk, es = s.element_size;
+  const std::uint64_t lo = std::max(s.first, a / c * c), hi = std::min(s.first + s.count, (b + c - 1) / c * c);
+  // Whole chunks wanted (the usual case: the slice, or cuts on chunk boundaries): read them
+  // straight into `out`; otherwise through `buffer`, then copy the wanted part.
+  const bool direct = lo == a && hi == b;
+  std::byte* dst = out;
+  if (!direct) {
+    buffer.resize(static_cast<std::size_t>((hi - lo) * es));
+    dst = buffer.data();
+  }
+  if (!::distopt::io::detail::read_at(f.fd, dst, static_cast<std::size_t>((hi - lo) * es), s.offset + (lo - s.first) * es))
+    fail(f.path.string(), "cannot read '" + item + "'" + (errno ? std::string(": ") + std::strerror(errno) : ": file ends early"));
+  for (std::uint64_t x = lo; x < hi;) {
+    const std::uint64_t e = std::min(s.first + s.count, (x / c + 1) * c);
+    const std::size_t k = static_cast<std::size_t>(x / c - s.first / c);
+    if (xxh3(dst + (x - lo) * es, (e - x) * es) != s.hashes[k])
+      fail(f.path.string(), "checksum mismatch in '" + item + "' elements [" + std::to_string(x) + ", " +
+                                std::to_string(e) + "): the file is corrupt");
+    x = e;
+  }
+  if (!direct) std::memcpy(out, buffer.data() + (a - lo) * es, static_cast<std::size_t>((b - a) * es));
+}
+
+}  // namespace detail
+
+/// The optimizer's private side, for save_checkpoint and load_checkpoint.
+struct checkpoint_access {
+  template <class Opt>
+  static auto items(Opt& o) {
+    o.wait_pending();
+    return o.checkpoint_items();
+  }
+  template <class Opt>
+  static distopt::detail::checkpoint_scalars scalars(const Opt& o) {
+    return o.checkpoint_scalars();
+  }
+  template <class Opt>
+  static void restore(Opt& o, const std::map<std::string, std::string, std::less<>>& state) {
+    o.restore_checkpoint(state);
+  }
+  template <class Opt>
+  static void check_group(const std::string& text) {
+    (void)Opt::parse_checkpoint_group(text);
+  }
+  template <class Opt>
+  static auto& dp(Opt& o) {
+    return o.comm_;
+  }
+  template <class Opt>
+  static auto* tp(Opt& o) {
+    return o.tp_ ? &*o.tp_ : nullptr;
+  }
+  template <class Opt>
+  static bool has_scaler(const Opt& o) {
+    return o.scaler_.has_value();
+  }
+};
+
+template <class Optimizer>
+void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
+  using A = checkpoint_access;
+  auto& dp = A::dp(opt);
+  auto* tp = A::tp(opt);
+  const int r = dp.rank(), d = dp.size(), t = tp ? tp->rank() : 0, tps = tp ? tp->size() : 1;
+  const bool root = r == 0 && t == 0;
+  const std::string what = "distopt: saving the checkpoint in '" + dir.string() + "'";
+  std::string error;
+  try {
+    std::filesystem::create_directories(dir);
+  } catch (const std::exception& e) {
+    error = what + ": cannot create the directory: " + e.what();
+  }
+  detail::agree(dp, tp, error, what);
+
+  // The generation: the step and 40 random bits from the first rank.
+  double nonce = 0;
+  if (root) nonce = static_cast<double>(std::random_device{}() % (1u << 20) * (std::uint64_t{1} << 20) + std::random_device{}() % (1u << 20));
+  nonce = detail::all_max(dp, tp, nonce);
+  const auto sc = A::scalars(opt);
+  std::string step;
+  for (const auto& [k, v] : sc.state)
+    if (k == "step") step = v;
+  const std::string generation = "s" + step + "-" + detail::hex64(static_cast<std::uint64_t>(nonce)).substr(6);
+
+  // This rank's file.
+  std::array<double, 5> mine{};
+  try {
+    auto items = A::items(opt);
+    std::vector<std::vector<std::uint64_t>> hashes(items.size());
+    safetensors_writer w;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const auto& it = items[k];
+      if (!it.save) continue;
+      hashes[k] = detail::chunk_hashes(it.source, it.first, it.count, it.element_size);
+      const bool whole = it.first == 0 && it.count == it.total;
+      w.add_view(it.name, it.dtype, whole ? it.shape : std::vector<std::int64_t>{static_cast<std::int64_t>(it.count)},
+                 std::span<const std::byte>(it.source, it.count * it.element_size));
+    }
+    w.set_metadata("distopt.generation", generation);
+    w.set_metadata("distopt.rank", "tp " + std::to_string(t) + " of " + std::to_string(tps) + ", rank " +
+                                       std::to_string(r) + " of " + std::to_string(d));
+    w.set_metadata("distopt.items", detail::items_text(items, hashes));
+    const std::string head = w.header();
+    const std::uint64_t bytes = w.write(dir / detail::rank_file_name(generation, t, tps, r, d), head);
+    mine = {0.0, static_cast<double>(bytes), 0, 0, 0};
+    distopt::detail::hash_to_doubles(detail::xxh3(head.data(), head.size()), mine.data() + 2);
+  } catch (const std::exception& e) {
+    error = what + ": " + e.what();
+  }
+  mine[0] = error.empty() ? 0.0 : 1.0;
+  std::vector<double> all(5 * static_cast<std::size_t>(d)), grid(all.size() * static_cast<std::size_t>(tps));
+  dp.all_gather(std::span<const double>(mine), std::span<double>(all));
+  if (tp) tp->all_gather(std::span<const double>(all), std::span<double>(grid));
+  else grid = all;
+  {
+    double failed = 0;
+    for (std::size_t k = 0; k < grid.size(); k += 5)
+      if (grid[k] != 0 && failed == 0) failed = static_cast<double>(k / 5 + 1);
+    if (!error.empty()) throw checkpoint_error(error);
+    if (failed > 0)
+      throw checkpoint_error(what + ": rank " + std::to_string(static_cast<long>(failed) - 1) +
+                             " could not write its file (its error says why); the previous checkpoint stays");
+  }
+
+  // The index, written last by the first rank; then the older generations go.
+  if (root) {
+    try {
+      detail::checkpoint_index index;
+      index.generation = generation;
+      index.dp_size = d;
+      index.tp_size = tps;
+      for (const auto& [k, v] : sc.identity) index.identity.emplace(k, v);
+      for (const auto& [k, v] : sc.state) index.state.emplace(k, v);
+      for (int p = 0; p < tps; ++p) {
+        auto& part = index.files.emplace_back();
+        for (int q = 0; q < d; ++q) {
+          const double* g = grid.data() + 5 * (static_cast<std::size_t>(p) * d + q);
+          const std::uint64_t h = static_cast<std::uint64_t>(g[2]) | static_cast<std::uint64_t>(g[3]) << 22 |
+                                  static_cast<std::uint64_t>(g[4]) << 44;
+          part.push_back({detail::rank_file_name(generation, p, tps, q, d), static_cast<std::uint64_t>(g[1]), h});
+        }
+      }
+      const std::string text = detail::index_text(index);
+      const std::array<std::span<const std::byte>, 1> parts{std::as_bytes(std::span<const char>(text))};
+      ::distopt::io::detail::atomic_write(dir / "index.json", parts);
+      detail::remove_stale(dir, generation);
+    } catch (const std::exception& e) {
+      error = what + ": " + e.what();
+    }
+  }
+  detail::agree(dp, tp, error, what);
+}
+
+template <class Optimizer>
+void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
+  using A = checkpoint_access;
+  auto& dp = A::dp(opt);
+  auto* tp = A::tp(opt);
+  const int t = tp ? tp->rank() : 0, tps = tp ? tp->size() : 1;
+  const std::string what = "distopt: loading the checkpoint in '" + dir.string() + "'";
+  std::string error;
+  std::vector<distopt::detail::checkpoint_item> items;
+  std::vector<std::unique_ptr<std::byte[]>> staged;  // not zero-filled: every byte is read before use
+  detail::checkpoint_index index;
+  try {
+    const std::string index_path = (dir / "index.json").string();
+    std::string text;
+    {
+      const auto bytes = ::distopt::io::detail::read_whole_file(dir / "index.json");
+      text.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    index = detail::parse_index(text, index_path);
+    // What must match.
+    const auto sc = A::scalars(opt);
+    for (const auto& [k, v] : sc.identity) {
+      const auto it = index.identity.find(k);
+      if (it == index.identity.end())
+        detail::fail(index_path, k.starts_with("tensor ") ? "holds no " + k.substr(0, 6) + " '" + k.substr(7) + "'"
+                                                          : "records no " + k);
+      if (it->second != v)
+        detail::fail(index_path, "was written with " + k + " " + it->second + ", this optimizer has " + v);
+    }
+    for (const auto& [k, v] : index.identity)
+      if (k.starts_with("tensor ") && std::none_of(sc.identity.begin(), sc.identity.end(), [&key = k](const auto& p) { return p.first == key; }))
+        detail::fail(index_path, "holds " + v + ", which this optimizer's layout does not have");
+    if (index.tp_size != tps)
+      detail::fail(index_path, "was written with tensor-parallel size " + std::to_string(index.tp_size) +
+                                   ", this optimizer has " + std::to_string(tps) + " (TP resharding is not supported)");
+    // What is restored: present and well-formed before anything changes.
+    for (const auto& [k, v] : sc.state) {
+      const auto it = index.state.find(k);
+      if (it == index.state.end()) detail::fail(index_path, "records no " + k);
+      try {
+        if (k.starts_with("group ")) A::template check_group<Optimizer>(it->second);
+        else if (k == "state_started") {
+          if (it->second.size() != v.size() || it->second.find_first_not_of("01") != std::string::npos)
+            throw std::invalid_argument("expected " + std::to_string(v.size()) + " digits 0 or 1");
+        } else if (k == "master_ready") {
+          if (it->second != "true" && it->second != "false") throw std::invalid_argument("expected true or false");
+        } else if (k == "loss_scale") {
+          std::size_t used = 0;
+          const double x = std::stod(it->second, &used);
+          if (used != it->second.size() || !(x > 0) || !std::isfinite(x)) throw std::invalid_argument("not a positive number");
+        } else {
+          std::size_t used = 0;
+          const long long x = std::stoll(it->second, &used);
+          if (used != it->second.size() || x < 0) throw std::invalid_argument("not a non-negative integer");
+        }
+      } catch (const std::exception& e) {
+        detail::fail(index_path, "state " + k + " = '" + it->second + "' is invalid: " + e.what());
+      }
+    }
+    // This TP part's files: sizes and header checksums first, then what they hold.
+    const auto& part = index.files[static_cast<std::size_t>(t)];
+    std::vector<detail::read_file> files(part.size());
+    std::map<std::string, std::vector<detail::slice_record>, std::less<>> slices;
+    for (std::size_t q = 0; q < part.size(); ++q) {
+      const std::filesystem::path path = dir / part[q].name;
+      files[q].path = path;
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(path, ec);
+      if (ec) detail::fail(path.string(), "missing (the index lists it): " + ec.message());
+      if (size != part[q].bytes)
+        detail::fail(path.string(), "has " + std::to_string(size) + " bytes, the index says " + std::to_string(part[q].bytes) +
+                                        (size < part[q].bytes ? " (truncated)" : ""));
+      auto [head, head_size] = safetensors_reader::read_header(path);
+      if (detail::xxh3(head.data(), head.size()) != part[q].header_hash)
+        detail::fail(path.string(), "header checksum mismatch: the file is corrupt");
+      const auto header = safetensors_reader::from_header(path, std::move(head), head_size);
+      const auto& meta = header.metadata();
+      const auto gen = meta.find("distopt.generation");
+      if (gen == meta.end() || gen->second != index.generation)
+        detail::fail(path.string(), "belongs to another save than the index (generation differs)");
+      const auto it = meta.find("distopt.items");
+      if (it == meta.end()) detail::fail(path.string(), "has no distopt.items metadata");
+      auto records = detail::parse_items(it->second, path.string());
+      for (const auto& name : header.names())
+        if (!records.contains(name)) detail::fail(path.string(), "tensor '" + name + "' is not in distopt.items");
+      for (auto& [name, rec] : records) {
+        if (!header.contains(name)) detail::fail(path.string(), "item '" + name + "' has no tensor");
+        const tensor_info& ti = header.info(name);
+        const auto es = dtype_size(rec.dtype);
+        if (ti.dtype != rec.dtype || !es || static_cast<std::uint64_t>(ti.numel()) != rec.count)
+          detail::fail(path.string(), "tensor '" + name + "' does not match its distopt.items record");
+        rec.file = q;
+        rec.offset = header.data_start() + ti.begin;
+        rec.element_size = *es;
+        slices[name].push_back(std::move(rec));
+      }
+      files[q].fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (files[q].fd < 0) detail::fail(path.string(), std::string("cannot open: ") + std::strerror(errno));
+    }
+    // This rank's slices, read and checked into staging.
+    const bool with_master = index.state.at("master_ready") == "true";
+    items = A::items(opt);
+    staged.resize(items.size());
+    std::vector<std::byte> buffer;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      auto& it = items[k];
+      const bool optional = !it.load;
+      if (it.name.ends_with("/master")) it.load = with_master;
+      else if (optional) it.load = slices.contains(it.name);  // a projection, once computed
+      if (!it.load) continue;
+      const auto found = slices.find(it.name);
+      if (found == slices.end()) detail::fail(dir.string(), "the checkpoint holds no '" + it.name + "'");
+      staged[k].reset(new std::byte[static_cast<std::size_t>(it.count * it.element_size)]);
+      std::uint64_t covered = 0;
+      for (const auto& s : found->second) {
+        if (s.dtype != it.dtype || s.total != it.total)
+          detail::fail(files[s.file].path.string(), "'" + it.name + "' is " + s.dtype + " with " + std::to_string(s.total) +
+                                                        " elements, this optimizer keeps " + it.dtype + " with " +
+                                                        std::to_string(it.total));
+        const std::uint64_t a = std::max(it.first, s.first), b = std::min(it.first + it.count, s.first + s.count);
+        if (a >= b) continue;
+        detail::read_slice(files[s.file], s, a, b, staged[k].get() + (a - it.first) * it.element_size, buffer, it.name);
+        covered += b - a;
+      }
+      if (covered != it.count)
+        detail::fail(dir.string(), "the rank files hold " + std::to_string(covered) + " of the " + std::to_string(it.count) +
+                                       " elements of '" + it.name + "' this rank needs");
+    }
+  } catch (const std::exception& e) {
+    error = what + ": " + e.what();
+  }
+  detail::agree(dp, tp, error, what);
+  for (std::size_t k = 0; k < items.size(); ++k)
+    if (items[k].load) items[k].install(std::span<const std::byte>(staged[k].get(), items[k].count * items[k].element_size));
+  A::restore(opt, index.state);
+}
+
+}  // namespace distopt::io

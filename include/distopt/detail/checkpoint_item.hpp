@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file What the optimizer hands to distopt/checkpoint.hpp: its state as named flat
+/// vectors, of which each rank holds a slice, and the scalars that go with them. The
+/// optimizer knows where its bytes live; the checkpoint code knows files. Neither needs
+/// the other's details.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace distopt::detail {
+
+/// One flat vector of state ("<tensor>/param", "<tensor>/state.0.codes", ...) of `total`
+/// elements, of which this rank holds [first, first + count).
+struct checkpoint_item {
+  std::string name;
+  std::string dtype;                 ///< safetensors dtype: F32, BF16, F16, U8
+  std::size_t element_size = 4;
+  std::uint64_t total = 0;           ///< elements of the whole vector
+  std::vector<std::int64_t> shape;   ///< the whole vector's shape, for readers
+  std::uint64_t first = 0, count = 0;
+  bool save = false;                 ///< this rank writes its slice (one writer per element)
+  bool load = false;                 ///< this rank reads its slice on load
+  const std::byte* source = nullptr; ///< count * element_size bytes, for save
+  /// Load: takes the slice's bytes once every rank has read and checked its own.
+  std::function<void(std::span<const std::byte>)> install;
+};
+
+/// The optimizer's scalars: `identity` must match on load (policy, dtypes, layout, ...),
+/// `state` is restored (step, seed, loss scale, hyper-parameters, ...). Key, value pairs.
+struct checkpoint_scalars {
+  std::vector<std::pair<std::string, std::string>> identity;
+  std::vector<std::pair<std::string, std::string>> state;
+};
+
+}  // namespace distopt::detail

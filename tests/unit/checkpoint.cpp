@@ -1,0 +1,555 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// Checkpoints: train K steps on d ranks, save, load on d' ranks in a fresh optimizer and
+// train N more; params, master weights, every state slot, row/column states, GaLore's
+// low-rank states and projections must equal an uninterrupted K+N-step run bit for bit,
+// for every d, d' in 1..8 and every policy family. Then the refusals (corrupt, truncated,
+// missing, mismatched), each leaving the optimizer untouched, and the crash test: a writer
+// process killed at random points never leaves a checkpoint that does not load.
+#include <boost/test/unit_test.hpp>
+
+#include <distopt/checkpoint.hpp>
+#include <distopt/distopt.hpp>
+#ifdef DISTOPT_TEST_GALORE
+#include <distopt/policy/galore_adamw.hpp>
+#endif
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sharded_harness.hpp"
+
+using namespace distopt;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory, removed afterwards.
+struct scratch_dir {
+  fs::path path;
+  explicit scratch_dir(const std::string& tag) {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           std::string("distopt-ckpt-").append(std::to_string(::getpid())).append("-").append(tag).append("-").append(
+               std::to_string(counter++));
+    fs::remove_all(path);
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// Everything a run leaves: the harness's params/master/states plus the whole items
+/// (row and column states, projected states and projections) by name.
+struct snapshot {
+  harness::outcome base;
+  std::map<std::string, std::vector<float>> whole;
+  std::int64_t step = 0;
+  bool operator==(const snapshot&) const = default;
+};
+
+template <class Opt>
+void init_params(Opt& opt) {
+  using P = typename Opt::param_type;
+  const auto tensors = opt.tensors().tensors();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    auto p = opt.param(tensors[t].name);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = from_float<P>(harness::init_value(t, i));
+  }
+}
+
+/// Steps [s0, s1) with the rank-0 trick (sum reduction); clips when `clip` > 0.
+template <class Opt>
+void run_steps(Opt& opt, int rank, int s0, int s1, double clip) {
+  using G = typename Opt::grad_type;
+  const auto tensors = opt.tensors().tensors();
+  for (int s = s0; s < s1; ++s) {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      auto g = opt.grad(tensors[t].name);
+      for (std::size_t i = 0; i < g.size(); ++i)
+        g[i] = from_float<G>(rank == 0 ? harness::grad_value(s, t, i) * static_cast<float>(opt.loss_scale()) : 0.0f);
+    }
+    if (clip > 0) opt.clip_grad_norm(clip);
+    opt.step();
+    opt.zero_grad();
+  }
+}
+
+template <class Opt>
+void collect_whole(Opt& opt, snapshot& out, std::mutex& m) {
+  using Policy = typename Opt::policy_type;
+  for (const auto& t : opt.tensors().tensors()) {
+    const auto put = [&](std::string name, std::span<const float> v) {
+      if (v.empty()) return;
+      std::lock_guard<std::mutex> lock(m);
+      out.whole.try_emplace(std::move(name), v.begin(), v.end());
+    };
+    if constexpr (Opt::is_layerwise) {
+      for (int k = 0; k < Policy::row_states; ++k) put(t.name + "/row" + std::to_string(k), opt.row_state(t.name, k));
+      for (int k = 0; k < Policy::col_states; ++k) put(t.name + "/col" + std::to_string(k), opt.col_state(t.name, k));
+    }
+    if constexpr (Opt::projects) {
+      try {
+        for (int k = 0; k < 2; ++k) {
+          const auto v = opt.projected_state(t.name, k);
+          put(t.name + "/projected" + std::to_string(k), v);
+        }
+        put(t.name + "/left", opt.projector(t.name).left());
+        put(t.name + "/right", opt.projector(t.name).right());
+      } catch (const std::out_of_range&) {  // not projected
+      }
+    }
+  }
+}
+
+/// One run on d ranks (threads): optionally load `from` first (else initialise the params),
+/// steps [s0, s1), optionally save to `to`; returns the state at the end.
+template <class Policy, class Storage, class Prec>
+snapshot run(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, optimizer_options o,
+             int s0, int s1, const fs::path* from, const fs::path* to, double clip = 0) {
+  using opt_t = optimizer<Policy, Storage, threads, cpu, Prec>;
+  o.grad_reduce = reduce_op::sum;
+  snapshot out;
+  out.base = harness::blank<opt_t>(l, Policy::state_slots(h.front()));
+  std::mutex m;
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    opt_t opt(l, h, o, cpu(1), std::move(comm));
+    if (from) opt.load(*from);
+    else init_params(opt);
+    run_steps(opt, rank, s0, s1, clip);
+    if (to) opt.save(*to);
+    harness::collect(opt, rank, out.base);
+    collect_whole(opt, out, m);
+    if (rank == 0) out.step = opt.step_count();
+  });
+  return out;
+}
+
+/// Saves after K steps on every d in 1..8, loads each on every d' in 1..8, runs N more,
+/// and compares with the uninterrupted run on one rank.
+template <class Policy, class Storage, class Prec = precision<float>>
+void check_resharding(const std::string& tag, const layout& l, const std::vector<typename Policy::hyper_params>& h,
+                      optimizer_options o, int K, int N, double clip = 0) {
+  const snapshot reference = run<Policy, Storage, Prec>(1, l, h, o, 0, K + N, nullptr, nullptr, clip);
+  BOOST_TEST_REQUIRE(reference.step == K + N);
+  int mismatches = 0;
+  for (int d = 1; d <= 8; ++d) {
+    scratch_dir dir(tag);
+    run<Policy, Storage, Prec>(d, l, h, o, 0, K, nullptr, &dir.path, clip);
+    for (int d2 = 1; d2 <= 8; ++d2) {
+      const snapshot resumed = run<Policy, Storage, Prec>(d2, l, h, o, K, K + N, &dir.path, nullptr, clip);
+      if (!(resumed == reference)) {
+        ++mismatches;
+        BOOST_TEST_MESSAGE(tag << ": saved on " << d << " ranks, resumed on " << d2 << ": differs");
+        BOOST_TEST((resumed.base.params == reference.base.params));
+        BOOST_TEST((resumed.base.master == reference.base.master));
+        BOOST_TEST((resumed.base.states == reference.base.states));
+        BOOST_TEST((resumed.whole == reference.whole));
+      }
+    }
+  }
+  BOOST_TEST(mismatches == 0, tag << ": " << mismatches << " of 64 (d, d') pairs differ");
+  // And the checkpoint really matters: resuming from a checkpoint of another step differs.
+  scratch_dir early(tag + "-early");
+  run<Policy, Storage, Prec>(2, l, h, o, 0, K - 1, nullptr, &early.path, clip);
+  const snapshot wrong = run<Policy, Storage, Prec>(3, l, h, o, K, K + N, &early.path, nullptr, clip);
+  BOOST_TEST(!(wrong.base.params == reference.base.params));
+}
+
+layout mixed_layout(dtype t) {
+  layout l;
+  l.add("emb", {40, 30}, t);
+  l.add("bias", {3}, t);
+  l.add("w", {17, 33}, t);
+  l.add("batch", {3, 4, 5}, t);
+  l.add("norm", {700}, t);
+  l.add("one", {1}, t);
+  l.add("big", {2000}, t);
+  return l;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(resharding)
+
+BOOST_AUTO_TEST_CASE(adamw_fp32) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  check_resharding<adamw, sharded<fp32>>("adamw", mixed_layout(dtype::f32), {h}, {}, 4, 3, 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_bf16_master_loss_scale) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  h.amsgrad = true;
+  optimizer_options o;
+  o.loss_scale = dynamic_loss_scale{1024.0, 2.0, 0.5, 2};  // the scale changes during the run
+  check_resharding<adamw, sharded<bf16>, precision<bf16, bf16>>("adamw-bf16", mixed_layout(dtype::bf16), {h}, o, 3, 3);
+}
+
+BOOST_AUTO_TEST_CASE(lion_bf16_stochastic_rounding) {
+  lion::hyper_params h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  optimizer_options o;
+  o.master_weights = false;  // bf16 params updated with stochastic rounding
+  o.seed = 1234;
+  check_resharding<lion, sharded<fp32>, precision<bf16>>("lion-sr", mixed_layout(dtype::bf16), {h}, o, 3, 3);
+}
+
+BOOST_AUTO_TEST_CASE(sgd_nesterov) {
+  sgd::hyper_params h;
+  h.lr = 0.1;
+  h.momentum = 0.9;
+  h.nesterov = true;
+  check_resharding<sgd, sharded<fp32>>("sgd", mixed_layout(dtype::f32), {h}, {}, 3, 2);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_q8_percentile) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  optimizer_options o;
+  o.min_8bit_size = 600;  // emb, w, norm and big quantized; the rest fp32
+  o.percentile_clipping = 50;
+  check_resharding<adamw, sharded<q8>>("adamw-q8", mixed_layout(dtype::f32), {h}, o, 4, 3);
+}
+
+BOOST_AUTO_TEST_CASE(lamb_fp32) {
+  lamb::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  check_resharding<lamb, sharded<fp32>>("lamb", mixed_layout(dtype::f32), {h}, {}, 3, 3);
+}
+
+BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16) {
+  adafactor::hyper_params h;
+  h.beta1 = 0.9;
+  check_resharding<adafactor, sharded<fp32>, precision<bf16>>("adafactor", mixed_layout(dtype::bf16), {h}, {}, 3, 3);
+}
+
+BOOST_AUTO_TEST_CASE(came_fp32) {
+  came::hyper_params h;
+  h.lr = 1e-3;
+  check_resharding<came, sharded<fp32>>("came", mixed_layout(dtype::f32), {h}, {}, 3, 3);
+}
+
+#ifdef DISTOPT_TEST_GALORE
+namespace {
+layout galore_layout() {
+  layout l;
+  l.add("w0", {40, 30}, dtype::f32, 1);
+  l.add("b0", {30}, dtype::f32, 0);
+  l.add("w1", {17, 33}, dtype::f32, 1);
+  l.add("norm", {700}, dtype::f32, 0);
+  l.add("w2", {64, 40}, dtype::f32, 1);
+  return l;
+}
+std::vector<galore_adamw::hyper_params> galore_groups() {
+  galore_adamw::hyper_params plain;
+  plain.lr = 1e-2;
+  galore_adamw::hyper_params g = plain;
+  g.rank = 4;
+  g.update_proj_gap = 3;  // refreshes at steps 0, 3 (before the save) and 6 (after)
+  g.scale = 0.5;
+  return {plain, g};
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(galore_adamw_fp32) {
+  check_resharding<galore_adamw, sharded<fp32>>("galore", galore_layout(), galore_groups(), {}, 4, 4);
+}
+
+BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
+  optimizer_options o;
+  o.min_8bit_size = 256;  // w2's 64 x 4 low-rank states are 8-bit
+  check_resharding<galore_adamw, sharded<q8>>("galore-q8", galore_layout(), galore_groups(), o, 4, 4);
+}
+#endif
+
+BOOST_AUTO_TEST_CASE(replicated_and_sharded_interchange) {
+  // A sharded checkpoint loads into replicated storage and back.
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  const layout l = mixed_layout(dtype::f32);
+  const snapshot reference = run<adamw, replicated<fp32>, precision<float>>(1, l, {h}, {}, 0, 6, nullptr, nullptr);
+  scratch_dir a("sharded"), b("replicated");
+  run<adamw, sharded<fp32>, precision<float>>(4, l, {h}, {}, 0, 3, nullptr, &a.path);
+  const snapshot r1 = run<adamw, replicated<fp32>, precision<float>>(3, l, {h}, {}, 3, 6, &a.path, nullptr);
+  BOOST_TEST((r1.base.params == reference.base.params));
+  run<adamw, replicated<fp32>, precision<float>>(2, l, {h}, {}, 0, 3, nullptr, &b.path);
+  const snapshot r2 = run<adamw, sharded<fp32>, precision<float>>(5, l, {h}, {}, 3, 6, &b.path, nullptr);
+  BOOST_TEST((r2 == reference));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ------------------------------------------------------------------------------------
+// Refusals: each leaves the optimizer exactly as it was.
+// ------------------------------------------------------------------------------------
+namespace {
+
+using ref_opt = optimizer<adamw, sharded<fp32>, threads>;
+
+adamw::hyper_params ref_hyper() {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  return h;
+}
+
+/// Saves a 3-step AdamW run on `d` ranks into `dir`.
+void save_reference(const fs::path& dir, int d, const layout& l = mixed_layout(dtype::f32)) {
+  run<adamw, sharded<fp32>, precision<float>>(d, l, {ref_hyper()}, {}, 0, 3, nullptr, &dir);
+}
+
+/// Loads `dir` on `d` ranks after 2 steps of training; returns the error every rank saw
+/// (all must agree that it failed) and checks that no rank's state changed.
+std::vector<std::string> refused_load(const fs::path& dir, int d, const layout& l = mixed_layout(dtype::f32)) {
+  std::vector<std::string> errors(static_cast<std::size_t>(d));
+  std::vector<char> unchanged(static_cast<std::size_t>(d), 0);
+  optimizer_options o;
+  o.grad_reduce = reduce_op::sum;
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    ref_opt opt(l, {ref_hyper()}, o, cpu(1), std::move(comm));
+    init_params(opt);
+    run_steps(opt, rank, 0, 2, 0);
+    harness::outcome before = harness::blank<ref_opt>(l, 2), after = before;
+    harness::collect(opt, 0, before);  // every rank its own part, as rank 0 would
+    const auto step_before = opt.step_count();
+    try {
+      opt.load(dir);
+    } catch (const io::checkpoint_error& e) {
+      errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+    harness::collect(opt, 0, after);
+    unchanged[static_cast<std::size_t>(rank)] = before == after && opt.step_count() == step_before;
+  });
+  for (int r = 0; r < d; ++r) {
+    BOOST_TEST(!errors[static_cast<std::size_t>(r)].empty(), "rank " << r << " accepted the checkpoint");
+    BOOST_TEST(unchanged[static_cast<std::size_t>(r)], "rank " << r << "'s state changed");
+  }
+  return errors;
+}
+
+bool mentions(const std::vector<std::string>& errors, const std::string& what) {
+  for (const auto& e : errors)
+    if (e.find(what) != std::string::npos) return true;
+  return false;
+}
+
+fs::path rank_file(const fs::path& dir, int r) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.find("-rank" + std::to_string(r) + "-of-") != std::string::npos) return e.path();
+  }
+  throw std::runtime_error("no file of rank " + std::to_string(r));
+}
+
+void flip_byte(const fs::path& p, std::uint64_t offset_from_end) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-static_cast<std::streamoff>(offset_from_end), std::ios::end);
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(-static_cast<std::streamoff>(offset_from_end), std::ios::end);
+  c = static_cast<char>(c ^ 0x10);
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(refusals)
+
+BOOST_AUTO_TEST_CASE(missing_directory_and_index) {
+  scratch_dir dir("missing");
+  const auto errors = refused_load(dir.path, 2);
+  BOOST_TEST(mentions(errors, "index.json"));
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_data_byte_names_file_and_tensor) {
+  scratch_dir dir("corrupt");
+  save_reference(dir.path, 3);
+  const fs::path victim = rank_file(dir.path, 1);
+  flip_byte(victim, 5);  // inside the last tensor's data
+  const auto errors = refused_load(dir.path, 3);
+  BOOST_TEST(mentions(errors, victim.filename().string()));
+  BOOST_TEST(mentions(errors, "checksum mismatch"));
+  // Loaded on one rank, which reads every slice: the same refusal.
+  const auto one = refused_load(dir.path, 1);
+  BOOST_TEST(mentions(one, "checksum mismatch"));
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_header_and_index) {
+  scratch_dir dir("header");
+  save_reference(dir.path, 2);
+  const fs::path victim = rank_file(dir.path, 0);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.write("X", 1);  // inside the JSON header
+  }
+  BOOST_TEST(mentions(refused_load(dir.path, 2), "header checksum mismatch"));
+  scratch_dir dir2("index");
+  save_reference(dir2.path, 2);
+  {
+    std::string text;
+    {
+      std::ifstream in(dir2.path / "index.json");
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const auto at = text.find("\"step\": \"3\"");
+    BOOST_TEST_REQUIRE(at != std::string::npos);
+    text[at + 9] = '4';  // still valid JSON, but not what was saved
+    std::ofstream(dir2.path / "index.json") << text;
+  }
+  BOOST_TEST(mentions(refused_load(dir2.path, 2), "checksum mismatch: the index is corrupt"));
+}
+
+BOOST_AUTO_TEST_CASE(truncated_and_missing_rank_file) {
+  scratch_dir dir("truncated");
+  save_reference(dir.path, 4);
+  const fs::path victim = rank_file(dir.path, 2);
+  fs::resize_file(victim, fs::file_size(victim) - 100);
+  const auto errors = refused_load(dir.path, 2);
+  BOOST_TEST(mentions(errors, victim.filename().string()));
+  BOOST_TEST(mentions(errors, "(truncated)"));
+  fs::remove(victim);
+  BOOST_TEST(mentions(refused_load(dir.path, 5), "missing"));
+}
+
+BOOST_AUTO_TEST_CASE(mismatched_policy_layout_dtype) {
+  scratch_dir dir("mismatch");
+  save_reference(dir.path, 2);
+  {  // another policy
+    std::string error;
+    optimizer<lion, sharded<fp32>, single> opt(mixed_layout(dtype::f32), lion::hyper_params{});
+    try {
+      opt.load(dir.path);
+    } catch (const io::checkpoint_error& e) {
+      error = e.what();
+    }
+    BOOST_TEST(error.find("policy adamw, this optimizer has lion") != std::string::npos, error);
+  }
+  {  // another shape
+    layout l = mixed_layout(dtype::f32);
+    layout other;
+    for (const auto& t : l.tensors()) other.add(t.name, t.name == "w" ? std::vector<std::int64_t>{17, 34} : t.shape, t.dtype);
+    const auto errors = refused_load(dir.path, 2, other);
+    BOOST_TEST(mentions(errors, "tensor w"));
+  }
+  {  // bf16 params where the checkpoint has fp32
+    std::string error;
+    optimizer<adamw, sharded<fp32>, single, cpu, precision<bf16>> opt(mixed_layout(dtype::bf16), ref_hyper());
+    try {
+      opt.load(dir.path);
+    } catch (const io::checkpoint_error& e) {
+      error = e.what();
+    }
+    BOOST_TEST(error.find("param_dtype fp32, this optimizer has bf16") != std::string::npos, error);
+  }
+  {  // a file from another save put in place of one of this save's
+    scratch_dir other("other");
+    save_reference(other.path, 2);
+    const fs::path mine = rank_file(dir.path, 1);
+    fs::copy_file(rank_file(other.path, 1), mine, fs::copy_options::overwrite_existing);
+    BOOST_TEST(mentions(refused_load(dir.path, 2), mine.filename().string()));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ------------------------------------------------------------------------------------
+// Crash safety: a writer killed with SIGKILL at random points.
+// ------------------------------------------------------------------------------------
+BOOST_AUTO_TEST_CASE(killed_writer_leaves_a_loadable_checkpoint) {
+  using opt_t = optimizer<adamw, sharded<fp32>, single>;
+  layout l;
+  l.add("w", {1024, 1024}, dtype::f32);  // 12 MiB of params and states per save
+  l.add("b", {1024}, dtype::f32);
+  const adamw::hyper_params h = ref_hyper();
+  scratch_dir dir("crash");
+  // The uninterrupted run's params after each step, to compare what loads with.
+  std::vector<std::vector<float>> after(12);
+  {
+    opt_t opt(l, h);
+    init_params(opt);
+    for (int s = 1; s < 12; ++s) {
+      run_steps(opt, 0, s - 1, s, 0);
+      auto p = opt.param("w");
+      after[static_cast<std::size_t>(s)].assign(p.begin(), p.end());
+    }
+  }
+  {
+    opt_t opt(l, h);
+    init_params(opt);
+    run_steps(opt, 0, 0, 1, 0);
+    opt.save(dir.path);
+  }
+  std::mt19937 rng(7);
+  std::int64_t last = 1;
+  int loads_new = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    const pid_t child = ::fork();
+    BOOST_TEST_REQUIRE(child >= 0);
+    if (child == 0) {
+      // The writer: resume from the checkpoint, step and save until killed.
+      try {
+        opt_t opt(l, h);
+        opt.load(dir.path);
+        for (std::int64_t s = opt.step_count(); s < 11; ++s) {
+          run_steps(opt, 0, static_cast<int>(s), static_cast<int>(s) + 1, 0);
+          opt.save(dir.path);
+        }
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 250000)(rng)));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    BOOST_TEST(!(WIFEXITED(status) && WEXITSTATUS(status) == 3), "the writer failed by itself");
+    opt_t opt(l, h);
+    try {
+      opt.load(dir.path);
+    } catch (const std::exception& e) {
+      BOOST_FAIL("trial " << trial << ": the checkpoint does not load after the kill: " << e.what());
+    }
+    const std::int64_t step = opt.step_count();
+    BOOST_TEST(step >= last);
+    if (step > last) ++loads_new;
+    last = step;
+    auto p = opt.param("w");
+    BOOST_TEST((std::vector<float>(p.begin(), p.end()) == after[static_cast<std::size_t>(step)]),
+               "trial " << trial << ": step " << step << " loads other params than the run had");
+    if (step >= 10) break;
+  }
+  BOOST_TEST_MESSAGE("crash test: " << loads_new << " trials moved the checkpoint on");
+  // A clean save afterwards leaves only its own files.
+  {
+    opt_t opt(l, h);
+    opt.load(dir.path);
+    opt.save(dir.path);
+  }
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    ++files;
+    BOOST_TEST(e.path().filename().string().front() != '.', "left behind: " << e.path());
+  }
+  BOOST_TEST(files == 2);  // index.json and one rank file
+}
