@@ -48,6 +48,9 @@ struct config {
   std::size_t limit = 0;  // 0: every training sample
   double clip = 0.0;      // max grad norm; 0: no clipping
   bool normalize = true;  // subtract the training mean, divide by the training std
+  std::string checkpoint_dir;  // --checkpoint DIR: save there every --checkpoint-every steps and at the end
+  int checkpoint_every = 0;
+  std::string resume_dir;      // --resume DIR: load, then continue from its step
 };
 
 /// Images as floats, one row of `pixels` per sample, and labels 0..9.

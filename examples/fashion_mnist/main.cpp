@@ -38,6 +38,7 @@ constexpr const char* usage_text =
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
     "                             [--ranks N] [--tp T] [--comm threads|mpi]\n"
+    "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
     "  --optimizer     default adamw; hyper-parameters by the reference's argument names,\n"
     "                  tuples as comma lists (--set betas=0.9,0.95), None as none. Defaults\n"
@@ -64,6 +65,10 @@ constexpr const char* usage_text =
     "  --limit         train on the first N samples only (all test samples are scored)\n"
     "  --clip          clip the global gradient norm (torch.nn.utils.clip_grad_norm_)\n"
     "  --normalize     scale pixels to zero mean, unit variance (default on; off: [0, 1])\n"
+    "  --checkpoint    save the optimizer (params and states) into DIR at the end, and every\n"
+    "                  --checkpoint-every N steps; each save replaces the last one atomically\n"
+    "  --resume        load DIR (saved with any --ranks, the same --tp and model) and continue\n"
+    "                  from its step: the same shuffles and batches as an uninterrupted run\n"
     "  --ranks         data-parallel ranks as threads of this process, default 1. Each rank\n"
     "                  takes a contiguous part of every batch (the first batch % N ranks one\n"
     "                  sample more) and the optimizer state is sharded over the ranks; the\n"
@@ -171,7 +176,15 @@ fmnist::config parse_args(int argc, char** argv) {
         throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
                           "-DDISTOPT_ENABLE_MPI=ON)");
 #endif
-    } else if (a == "--backend" || a == "--checkpoint" || a == "--resume")
+    } else if (a == "--checkpoint" || a == "--checkpoint-every" || a == "--resume") {
+#ifndef DISTOPT_FASHION_MNIST_CHECKPOINT
+      throw usage_error(std::string(a) + ": this distopt-fashion-mnist was built without checkpoints (install "
+                        "libxxhash-dev)");
+#endif
+      if (a == "--checkpoint") cfg.checkpoint_dir = value();
+      else if (a == "--resume") cfg.resume_dir = value();
+      else cfg.checkpoint_every = parse_number<int>(a, value(), 1);
+    } else if (a == "--backend")
       throw usage_error(std::string(a) + ": not supported yet (planned in a later release)");
     else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");

@@ -7,6 +7,9 @@
 // params and every way of running ranks.
 
 #include <distopt/distopt.hpp>
+#ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
+#include <distopt/checkpoint.hpp>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -250,6 +253,26 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       }
   };
   refresh_shadow();
+  // --resume: params and states from the checkpoint; the loop below replays the shuffles
+  // and skips the batches before its step, so batches and rounding continue as they were.
+  std::size_t first_step = 0;
+#ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
+  if (!cfg.resume_dir.empty()) {
+    opt.load(cfg.resume_dir);
+    refresh_shadow();
+    first_step = static_cast<std::size_t>(opt.step_count());
+    if (writer) std::cout << "resumed from " << cfg.resume_dir << " at step " << first_step << "\n";
+  }
+#endif
+  const auto save_checkpoint = [&](std::size_t step) {
+#ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
+    if (cfg.checkpoint_dir.empty()) return;
+    opt.save(cfg.checkpoint_dir);
+    if (writer && cfg.checkpoint_every > 0) std::fprintf(stderr, "checkpoint: step %zu -> %s\n", step, cfg.checkpoint_dir.c_str());
+#else
+    (void)step;
+#endif
+  };
   std::vector<linear_ref> layers;
   for (int l = 0; l < layer_count; ++l)
     layers.push_back({values[2 * l], values[2 * l + 1], opt.grad(names[2 * l]).data(),
@@ -310,15 +333,22 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   hist.steps_per_epoch = (data.train.count + batch - 1) / batch;
   double optimizer_seconds = 0.0;
   std::size_t skipped = 0;
+  std::size_t step_index = 0;  // batches so far, over epochs (the optimizer's step count unless steps were skipped)
   const auto train_start = clock::now();
   for (int epoch = 1; epoch <= cfg.epochs; ++epoch) {
     const auto epoch_start = clock::now();
     std::shuffle(order.begin(), order.end(), rng);
+    if (step_index + hist.steps_per_epoch <= first_step) {  // done before the checkpoint: only its shuffle
+      step_index += hist.steps_per_epoch;
+      continue;
+    }
     std::optional<progress_bar> bar;
     if (writer) bar.emplace(epoch, cfg.epochs, data.train.count);
     double loss_sum = 0.0;  // sum over samples, for the epoch's mean
+    std::size_t samples = 0;  // this epoch's, in loss_sum (fewer when resumed mid-epoch)
     for (std::size_t b = 0; b < data.train.count; b += batch) {
       const std::size_t n = std::min(batch, data.train.count - b);
+      if (step_index++ < first_step) continue;  // done before the checkpoint
       const share part = share_of(n, ranks, rank);
       double part_loss = 0.0;  // sum over this rank's rows
       if (part.count > 0) {
@@ -341,11 +371,14 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       refresh_shadow();
 
       loss_sum += loss * static_cast<double>(n);
+      samples += n;
       hist.step_loss.push_back(static_cast<float>(loss));
-      if (log) std::fprintf(log, "%zu,%d,%.6g\n", hist.step_loss.size(), epoch, loss);
-      if (bar) bar->update(b + n, loss_sum / static_cast<double>(b + n));
+      if (log) std::fprintf(log, "%zu,%d,%.6g\n", step_index, epoch, loss);
+      if (bar) bar->update(b + n, loss_sum / static_cast<double>(samples));
+      if (cfg.checkpoint_every > 0 && step_index % static_cast<std::size_t>(cfg.checkpoint_every) == 0)
+        save_checkpoint(step_index);
     }
-    const double mean_loss = loss_sum / static_cast<double>(data.train.count);
+    const double mean_loss = loss_sum / static_cast<double>(samples);
     if (bar) bar->finish(mean_loss);
     hist.epoch_loss.push_back(mean_loss);
     hist.test_accuracy.push_back(test_accuracy());
@@ -355,6 +388,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
                   seconds(clock::now() - epoch_start).count());
     if (writer) std::cout << line << std::flush;
   }
+  if (step_index > first_step) save_checkpoint(step_index);  // the end (once more after a save at the last step: cheap)
   const double total_seconds = seconds(clock::now() - train_start).count();
   const double accuracy = hist.test_accuracy.empty() ? test_accuracy() : hist.test_accuracy.back();
   if (!writer) return hist;

@@ -60,7 +60,9 @@ constexpr const char* usage_text =
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
     "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
     "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
-    "                      [--comm threads|mpi]\n"
+    "                      [--comm threads|mpi] [--save-at K DIR] [--resume DIR]\n"
+    "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
+    "on any number of ranks, same --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
     "elements (default 4096; smaller ones keep fp32). --percentile-clipping P (0..100,\n"
     "default 100 = off) clips each tensor's gradient at the P-th percentile of its last 100\n"
@@ -141,7 +143,18 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
         throw replay::usage_error("--comm: unknown communicator '" + cfg.comm + "' (threads or mpi)");
-    } else if (a == "--backend" || a == "--save-at" || a == "--resume")
+    } else if (a == "--save-at" || a == "--resume") {
+#ifndef DISTOPT_REPLAY_CHECKPOINT
+      throw replay::usage_error(std::string(a) + ": this distopt-replay was built without checkpoints (install libxxhash-dev)");
+#endif
+      if (a == "--save-at") {
+        cfg.save_at = parse_int(a, value());
+        if (cfg.save_at < 1) throw replay::usage_error("--save-at: the step must be >= 1");
+        cfg.save_dir = value();
+      } else {
+        cfg.resume_dir = value();
+      }
+    } else if (a == "--backend")
       throw replay::usage_error(std::string(a) + ": not supported yet (planned in a later release)");
     else
       throw replay::usage_error("unknown option '" + std::string(a) + "' (see --help)");

@@ -38,6 +38,9 @@ struct config {
   std::string comm = "threads";
   std::size_t min_8bit_size = 4096;  // --min-8bit-size N (--state q8)
   int percentile_clipping = 100;     // --percentile-clipping P
+  int save_at = -1;                  // --save-at K DIR: save after K steps
+  std::string save_dir;
+  std::string resume_dir;            // --resume DIR: load, then run the trace's remaining steps
 };
 
 /// Final params by name, fp32.

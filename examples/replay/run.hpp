@@ -14,6 +14,9 @@
 #ifdef DISTOPT_REPLAY_MPI
 #include <distopt/comm/mpi.hpp>
 #endif
+#ifdef DISTOPT_REPLAY_CHECKPOINT
+#include <distopt/checkpoint.hpp>
+#endif
 
 #include "replay.hpp"
 
@@ -105,14 +108,34 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     const auto& src = tr.params.at(tr.names[k]);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at(k, i)]);
   }
-  for (const auto& step : tr.grads) {
+  std::size_t first_step = 0;
+#ifdef DISTOPT_REPLAY_CHECKPOINT
+  if (!cfg.resume_dir.empty()) {
+    try {
+      opt.load(cfg.resume_dir);
+    } catch (const distopt::io::checkpoint_error& e) {  // missing, corrupt or another run's
+      throw usage_error(std::string("--resume: ") + e.what());
+    }
+    first_step = static_cast<std::size_t>(opt.step_count());
+    if (first_step > tr.grads.size())
+      throw usage_error("--resume: the checkpoint is at step " + std::to_string(first_step) + ", the trace has " +
+                        std::to_string(tr.grads.size()) + " steps");
+  }
+#endif
+  if (cfg.save_at > static_cast<int>(tr.grads.size()))
+    throw usage_error("--save-at " + std::to_string(cfg.save_at) + ": the trace has only " +
+                      std::to_string(tr.grads.size()) + " steps");
+  for (std::size_t s = first_step; s < tr.grads.size(); ++s) {
     for (std::size_t k = 0; k < tr.names.size(); ++k) {
       auto g = opt.grad(tr.names[k]);
-      const auto& src = step.at(tr.names[k]);
+      const auto& src = tr.grads[s].at(tr.names[k]);
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at(k, i)] : 0.0f);
     }
     opt.step();
     opt.zero_grad();
+#ifdef DISTOPT_REPLAY_CHECKPOINT
+    if (static_cast<int>(s + 1) == cfg.save_at) opt.save(cfg.save_dir);
+#endif
   }
   // The full tensors, with this rank's parts filled in (all of them without --tp).
   result out;
