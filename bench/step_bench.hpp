@@ -29,7 +29,31 @@ struct row {
 
 /// GPT-like tensors (d = 1024): an embedding, then layers of qkv/proj/fc matrices and
 /// their biases and norms, until n parameters.
-distopt::layout gpt_like(std::size_t n, distopt::dtype t);
+inline distopt::layout gpt_like(std::size_t n, distopt::dtype t) {
+  distopt::layout l;
+  const std::int64_t d = 1024;
+  std::size_t total = 0;
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    std::size_t numel = 1;
+    for (auto x : shape) numel *= static_cast<std::size_t>(x);
+    if (total + numel > n) return false;
+    l.add(name, std::move(shape), t);
+    total += numel;
+    return true;
+  };
+  add("wte", {8192, d});
+  for (int i = 0; total < n; ++i) {
+    std::string p = "h";  // appended, not "h" + ...: GCC 12 warns -Wrestrict on the latter
+    p += std::to_string(i);
+    p += '.';
+    if (!add(p + "ln1", {d}) || !add(p + "qkv", {3 * d, d}) || !add(p + "qkv.bias", {3 * d}) ||
+        !add(p + "proj", {d, d}) || !add(p + "ln2", {d}) || !add(p + "fc", {4 * d, d}) ||
+        !add(p + "fc.bias", {4 * d}) || !add(p + "fc_proj", {d, 4 * d}))
+      break;
+  }
+  if (total < n) l.add("rest", {static_cast<std::int64_t>(n - total)}, t);
+  return l;
+}
 
 template <class F>
 double best_seconds(int repeats, F&& f) {
