@@ -5,21 +5,7 @@
 # Without TOL, C's last epoch line and final accuracy must equal A's (same ranks: the same
 # bits); with TOL (in 1e-4; other ranks, whose sums round differently) C's final accuracy
 # must be within TOL of A's.
-set(cmds a b c)
-set(a)
-set(b)
-set(c)
-set(dashes 0)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE 1 ${last})
-  if(CMAKE_ARGV${i} STREQUAL "--")
-    math(EXPR dashes "${dashes} + 1")
-  elseif(dashes GREATER 0 AND dashes LESS 4)
-    math(EXPR k "${dashes} - 1")
-    list(GET cmds ${k} which)
-    list(APPEND ${which} "${CMAKE_ARGV${i}}")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/two_commands.cmake)
 if(NOT a OR NOT b OR NOT c OR NOT DIR)
   message(FATAL_ERROR "resume.cmake: needs -DDIR and three commands, each after --")
 endif()

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # Copyright 2026 the distopt authors
-# Included by the -P scripts that run two commands given as `-- A ARGS... -- B ARGS...`:
-# sets `a` and `b` to the two command lines.
+# Included by the -P scripts that run commands given as `-- A ARGS... -- B ARGS...` (and
+# `-- C ARGS...` for a third): sets `a`, `b` and `c` to the command lines.
 set(a)
 set(b)
+set(c)
 set(dashes 0)
 math(EXPR last "${CMAKE_ARGC} - 1")
 foreach(i RANGE 1 ${last})
@@ -13,5 +14,7 @@ foreach(i RANGE 1 ${last})
     list(APPEND a "${CMAKE_ARGV${i}}")
   elseif(dashes EQUAL 2)
     list(APPEND b "${CMAKE_ARGV${i}}")
+  elseif(dashes EQUAL 3)
+    list(APPEND c "${CMAKE_ARGV${i}}")
   endif()
 endforeach()
