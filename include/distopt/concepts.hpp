@@ -215,4 +215,12 @@ concept executor =
       { ce.concurrency() } -> std::convertible_to<int>;
     };
 
+/// An executor of type E with `threads` threads where E takes a thread count (cpu), else
+/// E's default (kokkos: its space's own threads), for code generic over executors.
+template <executor E>
+E make_executor(int threads) {
+  if constexpr (std::is_constructible_v<E, int>) return E(threads);
+  else return E{};
+}
+
 }  // namespace distopt

@@ -63,8 +63,11 @@ class fixed_sum {
     std::memcpy(&u, &v, sizeof u);
     const int e = static_cast<int>((u >> 52) & 0x7ffu);
     if (e == 0x7ff || e >= 1023 + 168) {
-      special_ += e == 0x7ff ? v : (v > 0 ? std::numeric_limits<double>::infinity()
-                                          : -std::numeric_limits<double>::infinity());
+      // +-Inf from its bits (numeric_limits is host-only code for nvcc).
+      const std::uint64_t inf_bits = 0x7ff0000000000000ull | (u & 0x8000000000000000ull);
+      double inf;
+      std::memcpy(&inf, &inf_bits, sizeof inf);
+      special_ += e == 0x7ff ? v : inf;
       return;
     }
     if (e == 0) return;  // below 2^-1022: nothing at or above 2^-149

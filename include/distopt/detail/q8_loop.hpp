@@ -81,10 +81,8 @@ DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, cons
                                         std::size_t n) {
   constexpr std::size_t B = q8::block;
   constexpr int S = N > 0 ? N : 1;
-  constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
-  const auto slots = std::make_integer_sequence<int, N>{};
   for (std::size_t b0 = 0, blk = 0; b0 < n; b0 += B, ++blk) {
     const std::size_t m = std::min(B, n - b0);
     Param* DISTOPT_RESTRICT p = a.param + b0;
@@ -97,16 +95,8 @@ DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, cons
     float* DISTOPT_RESTRICT f1 = fresh[N > 1 ? 1 : 0];
     float* DISTOPT_RESTRICT f2 = fresh[N > 2 ? 2 : 0];
     float* DISTOPT_RESTRICT f3 = fresh[N > 3 ? 3 : 0];
-    for (std::size_t i = 0; i < m; ++i) {
-      float value;
-      if constexpr (Mode == param_mode::master) value = mw[i];
-      else value = to_float(p[i]);
-      float st[MS] = {};
-      [&]<int... K>(std::integer_sequence<int, K...>) { ((st[K] = slot<K>(f0, f1, f2, f3)[i]), ...); }(slots);
-      Policy::update(s, value, to_float(g[i]) * scale, st);
-      [&]<int... K>(std::integer_sequence<int, K...>) { ((slot<K>(f0, f1, f2, f3)[i] = st[K]), ...); }(slots);
-      store_param<Mode>(p, mw, i, value, a.random_key, a.random_base + b0);
-    }
+    for (std::size_t i = 0; i < m; ++i)
+      update_one<Policy, N, Mode>(s, p, g, mw, f0, f1, f2, f3, i, scale, a.random_key, a.random_base + b0);
     for (int k = 0; k < N; ++k) requantize_block(fresh[k], m, a.lut[k], a.absmax[k][blk], a.code[k] + b0);
   }
 }

@@ -62,6 +62,31 @@ DISTOPT_HD DISTOPT_INLINE void store_param(Param* DISTOPT_RESTRICT p, float* DIS
   }
 }
 
+/// Updates element i: loads its fp32 value (master or param), its N state slots and its
+/// grad times `scale`, calls the policy's update and stores everything back. The one
+/// per-element body every backend runs: the CPU loop below and the CUDA kernels
+/// (exec/cuda/update.cuh) call it, on memory or on a thread's registers.
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+DISTOPT_HD DISTOPT_INLINE void update_one(const typename Policy::scalars& s, Param* DISTOPT_RESTRICT p,
+                                          const Grad* DISTOPT_RESTRICT g, float* DISTOPT_RESTRICT m,
+                                          Enc* DISTOPT_RESTRICT s0, Enc* DISTOPT_RESTRICT s1, Enc* DISTOPT_RESTRICT s2,
+                                          Enc* DISTOPT_RESTRICT s3, std::size_t i, float scale, std::uint64_t key,
+                                          std::size_t base) {
+  float value;
+  if constexpr (Mode == param_mode::master) value = m[i];
+  else value = to_float(p[i]);
+  // Sized for every slot the policy may touch; slots past N stay zero and are not stored.
+  float st[Policy::max_state_slots > 0 ? Policy::max_state_slots : 1] = {};
+  [&]<int... K>(std::integer_sequence<int, K...>) {
+    ((st[K] = to_float(slot<K>(s0, s1, s2, s3)[i])), ...);
+  }(std::make_integer_sequence<int, N>{});
+  Policy::update(s, value, to_float(g[i]) * scale, st);
+  [&]<int... K>(std::integer_sequence<int, K...>) {
+    ((slot<K>(s0, s1, s2, s3)[i] = from_float<Enc>(st[K])), ...);
+  }(std::make_integer_sequence<int, N>{});
+  store_param<Mode>(p, m, i, value, key, base);
+}
+
 /// Updates the `n` elements `a` points to, with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
@@ -74,23 +99,10 @@ DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const u
   Enc* DISTOPT_RESTRICT s2 = a.state[2];
   Enc* DISTOPT_RESTRICT s3 = a.state[3];
   const float scale = a.grad_scale;
+  const std::uint64_t key = a.random_key;
   const std::size_t base = a.random_base;
   const typename Policy::scalars s = sc;
-  for (std::size_t i = 0; i < n; ++i) {
-    float value;
-    if constexpr (Mode == param_mode::master) value = m[i];
-    else value = to_float(p[i]);
-    // Sized for every slot the policy may touch; slots past N stay zero and are not stored.
-    float st[Policy::max_state_slots > 0 ? Policy::max_state_slots : 1] = {};
-    [&]<int... K>(std::integer_sequence<int, K...>) {
-      ((st[K] = to_float(slot<K>(s0, s1, s2, s3)[i])), ...);
-    }(std::make_integer_sequence<int, N>{});
-    Policy::update(s, value, to_float(g[i]) * scale, st);
-    [&]<int... K>(std::integer_sequence<int, K...>) {
-      ((slot<K>(s0, s1, s2, s3)[i] = from_float<Enc>(st[K])), ...);
-    }(std::make_integer_sequence<int, N>{});
-    store_param<Mode>(p, m, i, value, a.random_key, base);
-  }
+  for (std::size_t i = 0; i < n; ++i) update_one<Policy, N, Mode>(s, p, g, m, s0, s1, s2, s3, i, scale, key, base);
 }
 
 /// Sum of squares of grad * scale over g[0, n), in double in element order; NaN or Inf

@@ -19,8 +19,11 @@ namespace distopt {
 /// pointer to the member. Policies list theirs in `hyper_params::fields()`.
 template <class Struct, class Member>
 struct hyper_field {
+  /// Named, so that nvcc's host pass does not print it back as `Member (Struct::*member)`,
+  /// which GCC warns about (-Wparentheses).
+  using member_pointer = Member Struct::*;
   std::string_view name;
-  Member Struct::*member;
+  member_pointer member;
 };
 
 /// Thrown for a hyper-parameter outside its valid range; the message names the policy and the argument.

@@ -145,7 +145,7 @@ class q8_codebook {
   /// The nearest code of y from the lookup table `lut` (positive magnitudes' slices, then
   /// negative ones'). Used by every executor.
   DISTOPT_HD DISTOPT_INLINE static std::uint8_t q8_nearest(const std::int32_t* lut, float y) noexcept {
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(y);
+    const std::uint32_t u = __builtin_bit_cast(std::uint32_t, y);
     const std::uint32_t mag = u & 0x7fffffffu;
     const std::int32_t e = lut[slice_of(mag) + (u >> 31) * slices];
     const std::int32_t past = static_cast<std::int32_t>(mag & 0xffffu) >= (e >> 8) ? 1 : 0;
