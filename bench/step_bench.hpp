@@ -67,16 +67,16 @@ double best_seconds(int repeats, F&& f) {
 }
 
 /// Times one step (the fused update; the finite check is a separate read of the grads
-/// and is off here) of Policy with the given number types.
-template <class Policy, class State, class Param, class Grad>
-row measure(const settings& s, const typename Policy::hyper_params& h, std::string options,
-            bool master_weights = true) {
+/// and is off here) of Policy with the given number types, on executor `exec`.
+template <class Policy, class State, class Param, class Grad, class Exec>
+row measure_on(Exec exec, const settings& s, const typename Policy::hyper_params& h, std::string options,
+               bool master_weights = true) {
   using opt_t = distopt::optimizer<Policy, distopt::replicated<State>, distopt::single,
-                                   distopt::cpu, distopt::precision<Param, Grad>>;
+                                   Exec, distopt::precision<Param, Grad>>;
   distopt::optimizer_options o;
   o.check_finite = false;
   o.master_weights = master_weights;
-  opt_t opt(gpt_like(s.params, distopt::dtype_of<Param>), h, o, distopt::cpu(s.threads));
+  opt_t opt(gpt_like(s.params, distopt::dtype_of<Param>), h, o, std::move(exec));
   for (auto& g : opt.grads()) g = distopt::from_float<Grad>(1e-3f);
   opt.step();
   const double secs = best_seconds(s.repeats, [&] { opt.step(); });
@@ -101,6 +101,13 @@ row measure(const settings& s, const typename Policy::hyper_params& h, std::stri
   r.gbps = n * r.bytes_per_param / secs / 1e9;
   r.rw_arrays = 1 + (master ? 1 : 0) + slots;
   return r;
+}
+
+/// measure_on the CPU executor with s.threads threads.
+template <class Policy, class State, class Param, class Grad>
+row measure(const settings& s, const typename Policy::hyper_params& h, std::string options,
+            bool master_weights = true) {
+  return measure_on<Policy, State, Param, Grad>(distopt::cpu(s.threads), s, h, std::move(options), master_weights);
 }
 
 /// The (param, grad, state) combinations measured for every policy.

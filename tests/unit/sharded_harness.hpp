@@ -160,10 +160,10 @@ outcome blank(const layout& l, int slots) {
 }
 
 /// The single-rank reference: replicated storage, `single` communicator.
-template <class Policy, class Enc, class Prec>
+template <class Policy, class Enc, class Prec, class Exec = cpu>
 outcome run_single(const layout& l, const std::vector<typename Policy::hyper_params>& h, run_options ro) {
-  using opt_t = optimizer<Policy, replicated<Enc>, single, cpu, Prec>;
-  opt_t opt(l, h, ro.options, cpu(ro.threads));
+  using opt_t = optimizer<Policy, replicated<Enc>, single, Exec, Prec>;
+  opt_t opt(l, h, ro.options, make_executor<Exec>(ro.threads));
   outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
   drive(opt, 0, ro, &out);
   collect(opt, 0, out);
@@ -172,15 +172,15 @@ outcome run_single(const layout& l, const std::vector<typename Policy::hyper_par
 
 /// d ranks as threads, with `Storage` (sharded or replicated) and a sum reduction
 /// (unless `keep_reduce`).
-template <class Policy, class Storage, class Prec>
+template <class Policy, class Storage, class Prec, class Exec = cpu>
 outcome run_threads(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, run_options ro,
                     bool keep_reduce = false) {
-  using opt_t = optimizer<Policy, Storage, threads, cpu, Prec>;
+  using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
   if (!keep_reduce) ro.options.grad_reduce = reduce_op::sum;
   outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, h, ro.options, cpu(ro.threads), std::move(comm));
+    opt_t opt(l, h, ro.options, make_executor<Exec>(ro.threads), std::move(comm));
     drive(opt, rank, ro, rank == 0 ? &out : nullptr);
     collect(opt, rank, out);  // ranks write disjoint elements
   });

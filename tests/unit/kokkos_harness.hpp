@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// Runs one optimizer configuration through the CPU executor and through the Kokkos
+// executor (one rank, and d ranks as threads with sharded state, each rank dispatching to
+// Kokkos's default host space) and checks that everything it leaves is bit-identical.
+#pragma once
+
+#include "sharded_harness.hpp"
+
+#include <distopt/exec/kokkos.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstring>
+#include <vector>
+
+namespace harness {
+
+/// The CPU executor's single-rank run is the reference (the sharded suites check it
+/// against the CPU executor on d ranks and any thread count, and policies.cpp against float64).
+inline void check_same(const outcome& got, const outcome& ref) {
+  BOOST_TEST((got.params == ref.params));
+  BOOST_TEST((got.master == ref.master));
+  BOOST_TEST((got.states == ref.states));
+  BOOST_TEST((got.absmax == ref.absmax));
+  BOOST_TEST((got.decoded == ref.decoded));
+  BOOST_TEST((got.skipped == ref.skipped));
+  BOOST_TEST(got.norms.size() == ref.norms.size());
+  if (got.norms.size() == ref.norms.size())  // NaN != NaN: compare the bits
+    BOOST_TEST(std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0);
+}
+
+/// On each layout: the CPU executor's single-rank run against the Kokkos executor on one
+/// rank and on d = 1..max_d ranks as threads (sharded `Enc` states, sum reduction).
+template <class Policy, class Enc, class Prec>
+void check_kokkos(const std::vector<typename Policy::hyper_params>& h, run_options ro, dtype t = dtype::f32,
+                  std::vector<layout_case> layouts = awkward_layouts(), int max_d = 4) {
+  using exec = distopt::kokkos<>;
+  for (const layout_case& c : layouts) {
+    ro.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, t, static_cast<int>(h.size()));
+    const outcome ref = run_single<Policy, Enc, Prec, cpu>(l, h, ro);
+    BOOST_TEST_CONTEXT(Policy::name << " layout " << c.name << " one rank") {
+      check_same(run_single<Policy, Enc, Prec, exec>(l, h, ro), ref);
+    }
+    for (int d = 1; d <= max_d; ++d) {
+      BOOST_TEST_CONTEXT(Policy::name << " layout " << c.name << " d=" << d) {
+        check_same(run_threads<Policy, sharded<Enc>, Prec, exec>(d, l, h, ro), ref);
+      }
+    }
+  }
+}
+
+}  // namespace harness
