@@ -22,6 +22,10 @@
 #include <distopt/comm/mpi.hpp>
 #endif
 
+#ifdef DISTOPT_FASHION_MNIST_KOKKOS
+#include <Kokkos_Core.hpp>
+#endif
+
 #include "fashion_mnist.hpp"
 
 namespace {
@@ -39,6 +43,7 @@ constexpr const char* usage_text =
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
     "                             [--ranks N] [--tp T] [--comm threads|mpi]\n"
     "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
+    "                             [--backend cpu|kokkos]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
     "  --optimizer     default adamw; hyper-parameters by the reference's argument names,\n"
     "                  tuples as comma lists (--set betas=0.9,0.95), None as none. Defaults\n"
@@ -83,7 +88,10 @@ constexpr const char* usage_text =
     "                  rounding of the split sums. Not with --comm mpi\n"
     "  --comm          threads (default) or mpi: one rank per MPI process, started with\n"
     "                  mpirun -np N distopt-fashion-mnist --comm mpi (--ranks, if given, must\n"
-    "                  be N); rank 0 prints and writes --log and --plot\n";
+    "                  be N); rank 0 prints and writes --log and --plot\n"
+    "  --backend       the optimizer's executor: cpu (default; --threads threads) or kokkos\n"
+    "                  (Kokkos's default host space, its own threads; one rank): both train\n"
+    "                  bit for bit alike\n";
 
 template <class T>
 T parse_number(std::string_view flag, std::string_view v, T min) {
@@ -184,11 +192,20 @@ fmnist::config parse_args(int argc, char** argv) {
       if (a == "--checkpoint") cfg.checkpoint_dir = value();
       else if (a == "--resume") cfg.resume_dir = value();
       else cfg.checkpoint_every = parse_number<int>(a, value(), 1);
-    } else if (a == "--backend")
-      throw usage_error(std::string(a) + ": not supported yet (planned in a later release)");
-    else
+    } else if (a == "--backend") {
+      cfg.backend = value();
+      if (cfg.backend != "cpu" && cfg.backend != "kokkos")
+        throw usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu or kokkos)");
+#ifndef DISTOPT_FASHION_MNIST_KOKKOS
+      if (cfg.backend == "kokkos")
+        throw usage_error("--backend kokkos: this distopt-fashion-mnist was built without Kokkos (configure with "
+                          "-DDISTOPT_ENABLE_KOKKOS=ON)");
+#endif
+    } else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
   }
+  if (cfg.backend == "kokkos" && (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi"))
+    throw usage_error("--backend kokkos: runs one rank in distopt-fashion-mnist (no --ranks, --tp or --comm mpi)");
   if (cfg.tp > 1) {
     if (cfg.comm == "mpi")
       throw usage_error("--tp " + std::to_string(cfg.tp) +
@@ -267,6 +284,12 @@ int main(int argc, char** argv) {
     // BLAS and distopt take turns on a rank, never run at once, so both get all its threads.
     openblas_set_num_threads(cfg.threads);
 
+#ifdef DISTOPT_FASHION_MNIST_KOKKOS
+    // --backend kokkos: Kokkos is initialised for the training only (the optimizer is
+    // destroyed before finalize).
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    if (cfg.backend == "kokkos") kokkos.emplace();
+#endif
     fmnist::history h;
     try {
       h = train(cfg);

@@ -10,6 +10,9 @@
 #ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif
+#ifdef DISTOPT_FASHION_MNIST_KOKKOS
+#include <distopt/exec/kokkos.hpp>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -144,7 +147,7 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
 /// over it as mlp.hpp describes, each TP rank registering and updating its parts only. The
 /// TP ranks of one data-parallel rank take the same rows of every batch; rank 0 of both
 /// groups prints and writes the log.
-template <class Policy, class Param, class Storage, class Comm>
+template <class Policy, class Param, class Storage, class Comm, class Exec = distopt::cpu>
 history train_rank(const config& cfg, const prepared<Policy>& in, std::string_view comm_name, Comm comm,
                    std::optional<Comm> tp_opt = std::nullopt, std::optional<Comm> tp_model = std::nullopt) {
   using clock = std::chrono::steady_clock;
@@ -192,8 +195,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   distopt::optimizer_options options;
   options.seed = cfg.seed;
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
-  distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, float>> opt(
-      std::move(tensors), groups_of(in), options, distopt::cpu(cfg.threads), std::move(comm));
+  distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, float>> opt(
+      std::move(tensors), groups_of(in), options, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if constexpr (std::is_same_v<Comm, distopt::threads>)
     if (tp_opt) opt.set_tensor_parallel_group(std::move(*tp_opt));
   // The sum of one number over the ranks (a loss, a count of correct answers).
@@ -462,6 +465,14 @@ history train_typed(const config& cfg) {
   }
   const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
   const int dp = std::max(cfg.ranks, 1), tp = std::max(cfg.tp, 1);
+  if (cfg.backend == "kokkos") {  // one rank (main checked)
+#ifdef DISTOPT_FASHION_MNIST_KOKKOS
+    return train_rank<Policy, Param, distopt::replicated<Enc>, distopt::single, distopt::kokkos<>>(cfg, in, "",
+                                                                                                  distopt::single{});
+#else
+    throw usage_error("--backend kokkos: this distopt-fashion-mnist was built without Kokkos");
+#endif
+  }
   if (dp == 1 && tp == 1)
     return train_rank<Policy, Param, distopt::replicated<Enc>>(cfg, in, "", distopt::single{});
   history out;

@@ -21,6 +21,9 @@
 #ifdef DISTOPT_REPLAY_MPI
 #include <distopt/comm/mpi.hpp>
 #endif
+#ifdef DISTOPT_REPLAY_KOKKOS
+#include <Kokkos_Core.hpp>
+#endif
 
 #ifndef DISTOPT_REPLAY_MPI
 // Built without MPI: --comm mpi is refused.
@@ -50,6 +53,28 @@ replay::result replay::run_galore_adamw_single(const trace&, const config&) {
 replay::result replay::run_galore_adamw_threads(const trace& tr, const config& cfg) {
   return run_galore_adamw_single(tr, cfg);
 }
+replay::result replay::run_galore_adamw_kokkos(const trace& tr, const config& cfg) {
+  return run_galore_adamw_single(tr, cfg);
+}
+#endif
+#ifndef DISTOPT_REPLAY_KOKKOS
+// Built without Kokkos: --backend kokkos is refused.
+#define DISTOPT_REPLAY_NO_KOKKOS(policy)                                             \
+  replay::result replay::run_##policy##_kokkos(const trace&, const config&) {         \
+    throw usage_error("--backend kokkos: this distopt-replay was built without Kokkos " \
+                      "(configure with -DDISTOPT_ENABLE_KOKKOS=ON)");                  \
+  }
+DISTOPT_REPLAY_NO_KOKKOS(sgd)
+DISTOPT_REPLAY_NO_KOKKOS(adam)
+DISTOPT_REPLAY_NO_KOKKOS(adamw)
+DISTOPT_REPLAY_NO_KOKKOS(lion)
+DISTOPT_REPLAY_NO_KOKKOS(lamb)
+DISTOPT_REPLAY_NO_KOKKOS(adafactor)
+DISTOPT_REPLAY_NO_KOKKOS(came)
+#ifdef DISTOPT_REPLAY_GALORE
+DISTOPT_REPLAY_NO_KOKKOS(galore_adamw)
+#endif
+#undef DISTOPT_REPLAY_NO_KOKKOS
 #endif
 
 namespace {
@@ -61,6 +86,7 @@ constexpr const char* usage_text =
     "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
     "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
     "                      [--comm threads|mpi] [--save-at K DIR] [--resume DIR]\n"
+    "                      [--backend cpu|kokkos]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks, same --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
@@ -70,6 +96,9 @@ constexpr const char* usage_text =
     "--ranks N runs N ranks as threads with sharded state (rank 0 gets the trace's gradient,\n"
     "the others zeros, summed): the output equals one rank's byte for byte. --comm mpi runs\n"
     "one rank per MPI process (start it with mpirun -np N); rank 0 writes the output.\n"
+    "--backend kokkos runs the optimizer through the Kokkos executor on Kokkos's default host\n"
+    "execution space (one rank; its threads are Kokkos's, e.g. OMP_NUM_THREADS): the output\n"
+    "equals --backend cpu's (the default) byte for byte.\n"
     "--tp T (threads only) adds T tensor-parallel ranks per data-parallel rank: each matrix\n"
     "is split over them by rows (dim 0) or, when its rows do not divide, by columns; the\n"
     "output is the reassembled tensors.\n"
@@ -94,6 +123,7 @@ int parse_int(std::string_view flag, std::string_view v) {
 
 replay::config parse_args(int argc, char** argv, paths& io) {
   replay::config cfg;
+  bool threads_given = false;
   std::vector<std::string_view> args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
@@ -124,6 +154,7 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       cfg.master_weights = v == "on";
     } else if (a == "--threads") {
       cfg.threads = parse_int(a, value());
+      threads_given = true;
       if (cfg.threads < 0) throw replay::usage_error("--threads: must be >= 0 (0 = one per core)");
     } else if (a == "--min-8bit-size") {
       const int n = parse_int(a, value());
@@ -154,15 +185,25 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       } else {
         cfg.resume_dir = value();
       }
-    } else if (a == "--backend")
-      throw replay::usage_error(std::string(a) + ": not supported yet (planned in a later release)");
-    else
+    } else if (a == "--backend") {
+      cfg.backend = value();
+      if (cfg.backend != "cpu" && cfg.backend != "kokkos")
+        throw replay::usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu or kokkos)");
+    } else
       throw replay::usage_error("unknown option '" + std::string(a) + "' (see --help)");
   }
   if (cfg.optimizer.empty()) throw replay::usage_error("--optimizer is required (see --help)");
   if (io.trace.empty()) throw replay::usage_error("--trace is required (see --help)");
   if (io.out.empty()) throw replay::usage_error("--out is required (see --help)");
   if (cfg.tp > 1 && cfg.comm == "mpi") throw replay::usage_error("--tp: runs with --comm threads only");
+  if (cfg.backend == "kokkos") {
+    if (cfg.ranks > 0 || cfg.tp > 1 || cfg.comm == "mpi")
+      throw replay::usage_error("--backend kokkos: distopt-replay runs one rank with it (no --ranks, --tp or --comm "
+                                "mpi; the unit suite runs the Kokkos executor on several ranks)");
+    if (threads_given)
+      throw replay::usage_error("--threads: sets the cpu backend's threads; --backend kokkos uses Kokkos's own "
+                                "(e.g. OMP_NUM_THREADS)");
+  }
   if (cfg.tp > 1 && cfg.ranks == 0) cfg.ranks = 1;  // a TP grid runs as threads
   return cfg;
 }
@@ -216,12 +257,12 @@ int main(int argc, char** argv) {
   try {
     const replay::config cfg = parse_args(argc, argv, io);
     using entry = replay::result (*)(const replay::trace&, const replay::config&);
-    const int mode = cfg.comm == "mpi" ? 2 : cfg.ranks > 0 ? 1 : 0;
+    const int mode = cfg.backend == "kokkos" ? 3 : cfg.comm == "mpi" ? 2 : cfg.ranks > 0 ? 1 : 0;
     entry run = nullptr;
 #define DISTOPT_REPLAY_PICK(policy)                                                        \
   if (cfg.optimizer == #policy)                                                            \
-    run = std::array<entry, 3>{replay::run_##policy##_single, replay::run_##policy##_threads, \
-                               replay::run_##policy##_mpi}[static_cast<std::size_t>(mode)];
+    run = std::array<entry, 4>{replay::run_##policy##_single, replay::run_##policy##_threads, \
+                               replay::run_##policy##_mpi, replay::run_##policy##_kokkos}[static_cast<std::size_t>(mode)];
     DISTOPT_REPLAY_PICK(sgd)
     DISTOPT_REPLAY_PICK(adam)
     DISTOPT_REPLAY_PICK(adamw)
@@ -251,6 +292,11 @@ int main(int argc, char** argv) {
     const bool writer = mode != 2 || distopt::mpi(MPI_COMM_WORLD).rank() == 0;
 #else
     const bool writer = true;
+#endif
+#ifdef DISTOPT_REPLAY_KOKKOS
+    // Kokkos is initialised for the run only; the optimizer is gone before finalize.
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    if (mode == 3) kokkos.emplace();
 #endif
     const replay::result out = run(tr, cfg);
     if (!writer) return 0;

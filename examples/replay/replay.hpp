@@ -36,6 +36,7 @@ struct config {
   int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
   int tp = 1;                // --tp T: T tensor-parallel ranks per data-parallel rank (threads)
   std::string comm = "threads";
+  std::string backend = "cpu";       // --backend cpu|kokkos
   std::size_t min_8bit_size = 4096;  // --min-8bit-size N (--state q8)
   int percentile_clipping = 100;     // --percentile-clipping P
   int save_at = -1;                  // --save-at K DIR: save after K steps
@@ -47,10 +48,11 @@ struct config {
 using result = std::map<std::string, std::vector<float>>;
 
 // One entry point per (policy, mode), each in its own translation unit (run.cpp.in).
-#define DISTOPT_REPLAY_DECLARE(policy)                     \
+#define DISTOPT_REPLAY_DECLARE(policy)                         \
   result run_##policy##_single(const trace&, const config&);  \
   result run_##policy##_threads(const trace&, const config&); \
-  result run_##policy##_mpi(const trace&, const config&);
+  result run_##policy##_mpi(const trace&, const config&);     \
+  result run_##policy##_kokkos(const trace&, const config&);
 DISTOPT_REPLAY_DECLARE(sgd)
 DISTOPT_REPLAY_DECLARE(adam)
 DISTOPT_REPLAY_DECLARE(adamw)

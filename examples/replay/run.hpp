@@ -17,6 +17,9 @@
 #ifdef DISTOPT_REPLAY_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif
+#ifdef DISTOPT_REPLAY_KOKKOS
+#include <distopt/exec/kokkos.hpp>
+#endif
 
 #include "replay.hpp"
 
@@ -52,7 +55,7 @@ inline std::size_t full_index(const std::vector<std::int64_t>& shape, distopt::t
 
 /// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
 /// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
-template <class Policy, class Storage, class Comm, class Param, class Grad>
+template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
 result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Comm> tp_comm = {},
                 tp_place tp = {}) {
   typename Policy::hyper_params h;
@@ -94,8 +97,8 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   opts.min_8bit_size = cfg.min_8bit_size;
   opts.percentile_clipping = cfg.percentile_clipping;
   const int rank = comm.rank();
-  distopt::optimizer<Policy, Storage, Comm, distopt::cpu, distopt::precision<Param, Grad>> opt(
-      std::move(lay), groups, opts, distopt::cpu(cfg.threads), std::move(comm));
+  distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, Grad>> opt(
+      std::move(lay), groups, opts, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
   // Element i of this rank's part of tensor k is element at(k, i) of the trace's tensor.
@@ -149,10 +152,11 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
 }
 
 /// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
-/// world) with sharded state.
+/// world) with sharded state; kokkos: one rank through the Kokkos executor (--backend kokkos).
 struct single_mode {};
 struct threads_mode {};
 struct mpi_mode {};
+struct kokkos_mode {};
 
 template <class Policy, class Mode, class State, class Param, class Grad>
 result run_typed(const trace& tr, const config& cfg) {
@@ -186,6 +190,14 @@ result run_typed(const trace& tr, const config& cfg) {
       }
     }
     return out;
+  } else if constexpr (std::is_same_v<Mode, kokkos_mode>) {
+#ifdef DISTOPT_REPLAY_KOKKOS
+    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::kokkos<>>(
+        tr, cfg, distopt::single{});
+#else
+    static_assert(!std::is_same_v<Mode, kokkos_mode>, "the kokkos mode needs DISTOPT_REPLAY_KOKKOS");
+    return {};
+#endif
   } else {
 #ifdef DISTOPT_REPLAY_MPI
     return run_rank<Policy, distopt::sharded<State>, distopt::mpi, Param, Grad>(tr, cfg, distopt::mpi(MPI_COMM_WORLD));
