@@ -13,7 +13,7 @@
 //  - hyper-parameter refusals.
 // Parity with the reference implementations is tested on golden traces (tests/reference).
 
-#include "sharded_harness.hpp"
+#include "layerwise_cases.hpp"
 
 #include <distopt/detail/fixed_sum.hpp>
 
@@ -275,14 +275,6 @@ factor_copy copy_factors(const Opt& opt) {
   return f;
 }
 
-/// The layouts of the sharded tests, and one whose matrix rows (300 and 40 long) straddle
-/// blocks and cuts, with a batch of matrices.
-std::vector<layout_case> layerwise_layouts() {
-  auto v = awkward_layouts();
-  v.push_back({"straddle", {{33, 300}, {300, 9}, {5, 7, 40}, {513}, {2, 3}}, std::size_t{1} << 22});
-  return v;
-}
-
 template <class Policy, class Prec>
 void check_every_d(const typename Policy::hyper_params& h, int steps = 100, dtype t = dtype::f32) {
   run_options ro;
@@ -331,32 +323,6 @@ void check_every_d(const typename Policy::hyper_params& h, int steps = 100, dtyp
       }
     }
   }
-}
-
-lamb::hyper_params lamb_case() {
-  lamb::hyper_params h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.01;
-  h.debias = true;
-  h.clamp_value = 1.0;
-  return h;
-}
-adafactor::hyper_params adafactor_relative() { return {}; }
-adafactor::hyper_params adafactor_lr_beta1() {
-  adafactor::hyper_params h;
-  h.lr = 1e-2;
-  h.relative_step = false;
-  h.scale_parameter = false;
-  h.beta1 = 0.9;
-  h.weight_decay = 0.01;
-  h.clip_threshold = 0.5;
-  return h;
-}
-came::hyper_params came_case() {
-  came::hyper_params h;
-  h.lr = 1e-3;
-  h.weight_decay = 0.01;
-  return h;
 }
 
 BOOST_AUTO_TEST_SUITE(every_d_100_steps)
