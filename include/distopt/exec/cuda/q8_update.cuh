@@ -116,17 +116,16 @@ class q8_update_plan {
       for (std::size_t b = 0; b * distopt::q8::block < pieces[k].count; ++b)
         blocks.push_back({static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(b)});
     block_count_ = blocks.size();
-    pieces_ = upload(pieces);
-    blocks_ = upload(blocks);
+    pieces_ = detail_::upload(pieces, "q8 plan");
+    blocks_ = detail_::upload(blocks, "q8 plan");
     for (std::size_t k = 0; k < books.size(); ++k) {
       const auto& v = books[k]->values();
-      maps_[k] = upload(std::vector<float>(v.begin(), v.end()));
+      maps_[k] = detail_::upload(std::vector<float>(v.begin(), v.end()), "q8 plan");
       const std::int32_t* lut = books[k]->lookup();
-      luts_[k] = upload(std::vector<std::int32_t>(lut, lut + 2 * distopt::detail::q8_codebook::slices));
+      luts_[k] = detail_::upload(std::vector<std::int32_t>(lut, lut + 2 * distopt::detail::q8_codebook::slices),
+                                 "q8 plan");
     }
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    grid_ = detail_::persistent_grid(block_count_);
   }
   q8_update_plan(const q8_update_plan&) = delete;
   q8_update_plan& operator=(const q8_update_plan&) = delete;
@@ -151,27 +150,19 @@ class q8_update_plan {
       t.map[k] = static_cast<const float*>(maps_[k]);
       t.lut[k] = static_cast<const std::int32_t*>(luts_[k]);
     }
-    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(block_count_, std::size_t(sms_) * 8));
     q8_update_kernel<Policy, N, Mode, Param, Grad>
-        <<<grid, 256, 0, stream>>>(s, static_cast<const q8_piece<Param, Grad>*>(pieces_),
+        <<<grid_, 256, 0, stream>>>(s, static_cast<const q8_piece<Param, Grad>*>(pieces_),
                                    static_cast<const q8_block_ref*>(blocks_), block_count_, t, grad_scale, random_key);
     check(cudaGetLastError(), "q8_update_kernel launch");
   }
 
  private:
-  template <class T>
-  static void* upload(const std::vector<T>& v) {
-    void* p = nullptr;
-    check(cudaMalloc(&p, std::max<std::size_t>(1, v.size()) * sizeof(T)), "cudaMalloc (q8 plan)");
-    check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (q8 plan)");
-    return p;
-  }
   void* pieces_ = nullptr;
   void* blocks_ = nullptr;
   void* maps_[4] = {};
   void* luts_[4] = {};
   std::size_t block_count_ = 0;
-  int sms_ = 1;
+  unsigned grid_ = 1;
 };
 
 }  // namespace abi_v0_1

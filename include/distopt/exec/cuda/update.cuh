@@ -100,6 +100,23 @@ DISTOPT_CUDA_UNROLL
   for (std::size_t k = 0; k < words; ++k) d[k] = w[k];
 }
 
+/// A device copy of `v` (at least one element allocated), for the plans' lists.
+template <class T>
+void* upload(const std::vector<T>& v, const char* what) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, std::max<std::size_t>(1, v.size()) * sizeof(T)), what);
+  check(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), what);
+  return p;
+}
+
+/// Persistent blocks: 8 per multiprocessor of the current device, at most one per item.
+inline unsigned persistent_grid(std::size_t items) {
+  int device = 0, sms = 1;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return static_cast<unsigned>(std::min<std::size_t>(items, static_cast<std::size_t>(sms) * 8));
+}
+
 }  // namespace detail_
 
 /// The fused update over every chunk of a plan: blocks take chunks in a grid-stride loop;
@@ -169,7 +186,7 @@ std::vector<chunk> cut_chunks(const std::vector<piece<Param, Grad, Enc>>& pieces
   std::vector<chunk> out;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const auto& pc = pieces[k];
-    // Misalignment of each array in elements of its own type, at element e.
+    // Whether every array the kernel touches is 16-byte aligned at element e.
     auto aligned_at = [&](std::size_t e) {
       bool ok = (reinterpret_cast<std::uintptr_t>(pc.param + e) % 16 == 0) &&
                 (reinterpret_cast<std::uintptr_t>(pc.grad + e) % 16 == 0);
@@ -212,15 +229,9 @@ class update_plan {
     chunk_count_ = chunks.size();
     for (const auto& c : chunks) vector_elems_ += c.vector ? c.count : 0;
     for (const auto& p : pieces) elems_ += p.count;
-    check(cudaMalloc(&pieces_, std::max<std::size_t>(1, pieces.size()) * sizeof(pieces[0])), "cudaMalloc (plan)");
-    check(cudaMalloc(&chunks_, std::max<std::size_t>(1, chunks.size()) * sizeof(chunk)), "cudaMalloc (plan)");
-    check(cudaMemcpy(pieces_, pieces.data(), pieces.size() * sizeof(pieces[0]), cudaMemcpyHostToDevice),
-          "cudaMemcpy (plan)");
-    check(cudaMemcpy(chunks_, chunks.data(), chunks.size() * sizeof(chunk), cudaMemcpyHostToDevice),
-          "cudaMemcpy (plan)");
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    pieces_ = static_cast<piece<Param, Grad, Enc>*>(detail_::upload(pieces, "update plan"));
+    chunks_ = static_cast<chunk*>(detail_::upload(chunks, "update plan"));
+    grid_ = detail_::persistent_grid(chunk_count_);
   }
   update_plan(const update_plan&) = delete;
   update_plan& operator=(const update_plan&) = delete;
@@ -245,9 +256,8 @@ class update_plan {
   void run(const typename Policy::scalars& s, float grad_scale, std::uint64_t random_key,
            cudaStream_t stream = nullptr) const {
     if (chunk_count_ == 0) return;
-    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(chunk_count_, std::size_t(sms_) * 8));
     update_kernel<Policy, N, Mode, Param, Grad, Enc>
-        <<<blocks, 256, 0, stream>>>(s, pieces_, chunks_, chunk_count_, grad_scale, random_key);
+        <<<grid_, 256, 0, stream>>>(s, pieces_, chunks_, chunk_count_, grad_scale, random_key);
     check(cudaGetLastError(), "update_kernel launch");
   }
 
@@ -258,12 +268,12 @@ class update_plan {
     std::swap(chunk_count_, o.chunk_count_);
     std::swap(elems_, o.elems_);
     std::swap(vector_elems_, o.vector_elems_);
-    std::swap(sms_, o.sms_);
+    std::swap(grid_, o.grid_);
   }
   piece<Param, Grad, Enc>* pieces_ = nullptr;
   chunk* chunks_ = nullptr;
   std::size_t chunk_count_ = 0, elems_ = 0, vector_elems_ = 0;
-  int sms_ = 1;
+  unsigned grid_ = 1;
 };
 
 }  // namespace abi_v0_1
