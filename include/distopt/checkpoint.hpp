@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -300,22 +301,35 @@ inline std::map<std::string, slice_record, std::less<>> parse_items(std::string_
   return out;
 }
 
-/// Agreement over the data-parallel group and then the tensor-parallel group: the largest
-/// `value` of any rank.
-template <class Comm>
-double all_max(Comm& dp, Comm* tp, double value) {
+/// What saving and loading need from an optimizer and its communicators, with their types
+/// erased: the checkpoint code below is compiled once per translation unit, not once per
+/// optimizer type (it was a quarter of the object code of a TU instantiating 21 optimizers).
+struct checkpoint_party {
+  int rank = 0, size = 1;        ///< in the data-parallel group
+  int tp_rank = 0, tp_size = 1;  ///< in the tensor-parallel group (0 of 1 without one)
+  /// In place: the largest value of every rank, over the DP group and then the TP group.
+  std::function<void(std::span<double>)> all_max;
+  /// Every rank's `mine` into `grid`, TP part by TP part, DP rank by DP rank.
+  std::function<void(std::span<const double> mine, std::span<double> grid)> all_gather;
+  std::function<distopt::detail::checkpoint_scalars()> scalars;
+  std::function<std::vector<distopt::detail::checkpoint_item>()> items;
+  std::function<void(const std::map<std::string, std::string, std::less<>>&)> restore;
+  /// Throws if `text` is not a hyper-parameter group this optimizer can restore.
+  std::function<void(const std::string&)> check_group;
+};
+
+/// The largest `value` of any rank.
+inline double all_max(const checkpoint_party& p, double value) {
   std::array<double, 1> v{value};
-  dp.all_reduce(std::span<double>(v), reduce_op::max);
-  if (tp) tp->all_reduce(std::span<double>(v), reduce_op::max);
+  p.all_max(std::span<double>(v));
   return v[0];
 }
 
 /// Raises the same decision on every rank: this rank's own error if it had one, else a
 /// checkpoint_error naming the (highest) failing rank.
-template <class Comm>
-void agree(Comm& dp, Comm* tp, const std::string& error, const std::string& what) {
-  const int global = (tp ? tp->rank() : 0) * dp.size() + dp.rank();
-  const double failed = all_max(dp, tp, error.empty() ? 0.0 : static_cast<double>(global + 1));
+inline void agree(const checkpoint_party& p, const std::string& error, const std::string& what) {
+  const int global = p.tp_rank * p.size + p.rank;
+  const double failed = all_max(p, error.empty() ? 0.0 : static_cast<double>(global + 1));
   if (!error.empty()) throw checkpoint_error(error);
   if (failed > 0)
     throw checkpoint_error(what + ": rank " + std::to_string(static_cast<long>(failed) - 1) +
@@ -381,43 +395,45 @@ inline void read_slice(const read_file& f, const slice_record& s, std::uint64_t 
 
 /// The optimizer's private side, for save_checkpoint and load_checkpoint.
 struct checkpoint_access {
+  /// The optimizer's items, once its collectives in flight are done.
   template <class Opt>
-  static auto items(Opt& o) {
+  static std::vector<distopt::detail::checkpoint_item> items(Opt& o) {
     o.wait_pending();
     return o.checkpoint_items();
   }
   template <class Opt>
-  static distopt::detail::checkpoint_scalars scalars(const Opt& o) {
-    return o.checkpoint_scalars();
-  }
-  template <class Opt>
-  static void restore(Opt& o, const std::map<std::string, std::string, std::less<>>& state) {
-    o.restore_checkpoint(state);
-  }
-  template <class Opt>
-  static void check_group(const std::string& text) {
-    (void)Opt::parse_checkpoint_group(text);
-  }
-  template <class Opt>
-  static auto& dp(Opt& o) {
-    return o.comm_;
-  }
-  template <class Opt>
-  static auto* tp(Opt& o) {
-    return o.tp_ ? &*o.tp_ : nullptr;
-  }
-  template <class Opt>
-  static bool has_scaler(const Opt& o) {
-    return o.scaler_.has_value();
+  static detail::checkpoint_party party(Opt& o) {
+    detail::checkpoint_party p;
+    auto* tp = o.tp_ ? &*o.tp_ : nullptr;
+    p.rank = o.comm_.rank();
+    p.size = o.comm_.size();
+    p.tp_rank = tp ? tp->rank() : 0;
+    p.tp_size = tp ? tp->size() : 1;
+    p.all_max = [&o, tp](std::span<double> v) {
+      o.comm_.all_reduce(v, reduce_op::max);
+      if (tp) tp->all_reduce(v, reduce_op::max);
+    };
+    p.all_gather = [&o, tp](std::span<const double> mine, std::span<double> grid) {
+      if (!tp) {
+        o.comm_.all_gather(mine, grid);
+        return;
+      }
+      std::vector<double> all(grid.size() / static_cast<std::size_t>(tp->size()));
+      o.comm_.all_gather(mine, std::span<double>(all));
+      tp->all_gather(std::span<const double>(all), grid);
+    };
+    p.scalars = [&o] { return o.checkpoint_scalars(); };
+    p.items = [&o] { return items(o); };
+    p.restore = [&o](const std::map<std::string, std::string, std::less<>>& state) { o.restore_checkpoint(state); };
+    p.check_group = [](const std::string& text) { (void)Opt::parse_checkpoint_group(text); };
+    return p;
   }
 };
 
-template <class Optimizer>
-void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
-  using A = checkpoint_access;
-  auto& dp = A::dp(opt);
-  auto* tp = A::tp(opt);
-  const int r = dp.rank(), d = dp.size(), t = tp ? tp->rank() : 0, tps = tp ? tp->size() : 1;
+namespace detail {
+
+inline void save_checkpoint(const checkpoint_party& party, const std::filesystem::path& dir) {
+  const int r = party.rank, d = party.size, t = party.tp_rank, tps = party.tp_size;
   const bool root = r == 0 && t == 0;
   const std::string what = "distopt: saving the checkpoint in '" + dir.string() + "'";
   std::string error;
@@ -426,13 +442,13 @@ void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
   } catch (const std::exception& e) {
     error = what + ": cannot create the directory: " + e.what();
   }
-  detail::agree(dp, tp, error, what);
+  agree(party, error, what);
 
   // The generation: the step and 40 random bits from the first rank.
   double nonce = 0;
   if (root) nonce = static_cast<double>(std::random_device{}() % (1u << 20) * (std::uint64_t{1} << 20) + std::random_device{}() % (1u << 20));
-  nonce = detail::all_max(dp, tp, nonce);
-  const auto sc = A::scalars(opt);
+  nonce = all_max(party, nonce);
+  const auto sc = party.scalars();
   std::string step;
   for (const auto& [k, v] : sc.state)
     if (k == "step") step = v;
@@ -441,7 +457,7 @@ void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
   // This rank's file.
   std::array<double, 5> mine{};
   try {
-    auto items = A::items(opt);
+    auto items = party.items();
     std::vector<std::vector<std::uint64_t>> hashes(items.size());
     safetensors_writer w;
     for (std::size_t k = 0; k < items.size(); ++k) {
@@ -464,10 +480,8 @@ void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
     error = what + ": " + e.what();
   }
   mine[0] = error.empty() ? 0.0 : 1.0;
-  std::vector<double> all(5 * static_cast<std::size_t>(d)), grid(all.size() * static_cast<std::size_t>(tps));
-  dp.all_gather(std::span<const double>(mine), std::span<double>(all));
-  if (tp) tp->all_gather(std::span<const double>(all), std::span<double>(grid));
-  else grid = all;
+  std::vector<double> grid(5 * static_cast<std::size_t>(d) * static_cast<std::size_t>(tps));
+  party.all_gather(std::span<const double>(mine), std::span<double>(grid));
   {
     double failed = 0;
     for (std::size_t k = 0; k < grid.size(); k += 5)
@@ -504,15 +518,11 @@ void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
       error = what + ": " + e.what();
     }
   }
-  detail::agree(dp, tp, error, what);
+  agree(party, error, what);
 }
 
-template <class Optimizer>
-void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
-  using A = checkpoint_access;
-  auto& dp = A::dp(opt);
-  auto* tp = A::tp(opt);
-  const int t = tp ? tp->rank() : 0, tps = tp ? tp->size() : 1;
+inline void load_checkpoint(const checkpoint_party& party, const std::filesystem::path& dir) {
+  const int t = party.tp_rank, tps = party.tp_size;
   const std::string what = "distopt: loading the checkpoint in '" + dir.string() + "'";
   std::string error;
   std::vector<distopt::detail::checkpoint_item> items;
@@ -527,7 +537,7 @@ void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
     }
     index = detail::parse_index(text, index_path);
     // What must match.
-    const auto sc = A::scalars(opt);
+    const auto sc = party.scalars();
     for (const auto& [k, v] : sc.identity) {
       const auto it = index.identity.find(k);
       if (it == index.identity.end())
@@ -547,7 +557,7 @@ void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
       const auto it = index.state.find(k);
       if (it == index.state.end()) detail::fail(index_path, "records no " + k);
       try {
-        if (k.starts_with("group ")) A::template check_group<Optimizer>(it->second);
+        if (k.starts_with("group ")) party.check_group(it->second);
         else if (k == "state_started") {
           if (it->second.size() != v.size() || it->second.find_first_not_of("01") != std::string::npos)
             throw std::invalid_argument("expected " + std::to_string(v.size()) + " digits 0 or 1");
@@ -608,7 +618,7 @@ void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
     }
     // This rank's slices, read and checked into staging.
     const bool with_master = index.state.at("master_ready") == "true";
-    items = A::items(opt);
+    items = party.items();
     staged.resize(items.size());
     std::vector<std::byte> buffer;
     for (std::size_t k = 0; k < items.size(); ++k) {
@@ -638,10 +648,24 @@ void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
   } catch (const std::exception& e) {
     error = what + ": " + e.what();
   }
-  detail::agree(dp, tp, error, what);
+  agree(party, error, what);
   for (std::size_t k = 0; k < items.size(); ++k)
     if (items[k].load) items[k].install(std::span<const std::byte>(staged[k].get(), items[k].count * items[k].element_size));
-  A::restore(opt, index.state);
+  party.restore(index.state);
+}
+
+}  // namespace detail
+
+/// Writes `opt`'s checkpoint into `dir` (collective): what `opt.save(dir)` calls.
+template <class Optimizer>
+void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
+  detail::save_checkpoint(checkpoint_access::party(opt), dir);
+}
+
+/// Loads `opt`'s state from the checkpoint in `dir` (collective): what `opt.load(dir)` calls.
+template <class Optimizer>
+void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
+  detail::load_checkpoint(checkpoint_access::party(opt), dir);
 }
 
 }  // namespace distopt::io
