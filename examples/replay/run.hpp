@@ -53,20 +53,77 @@ inline std::size_t full_index(const std::vector<std::int64_t>& shape, distopt::t
   return l;
 }
 
-/// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
-/// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
-template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
-result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Comm> tp_comm = {},
-                tp_place tp = {}) {
-  typename Policy::hyper_params h;
+/// What one rank's replay needs of the trace, worked out once, apart from the optimizer's
+/// type (this code is not instantiated per optimizer; only the lines that touch it are).
+struct rank_plan {
+  distopt::layout lay;
+  /// Per tensor: the trace's flat index of each element of this rank's part.
+  std::vector<std::vector<std::size_t>> at;
+  std::vector<const std::vector<float>*> params;  ///< per tensor: the trace's initial values
+};
+
+/// The layout of this TP part (group 1 for GaLore's matrices: 2-D and not *.bias) and the
+/// element maps.
+inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects, tp_place tp) {
+  rank_plan r;
+  for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    const auto& n = tr.names[k];
+    auto shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
+    if (shape.empty()) shape = {1};
+    const auto& full_shape = tr.shapes.at(n);
+    const distopt::tp_split split = split_of(shape, k, tp.size);
+    if (split == distopt::tp_split::rows) shape.front() /= tp.size;
+    if (split == distopt::tp_split::cols) shape.back() /= tp.size;
+    const bool bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+    const int group = projects && shape.size() == 2 && !bias ? 1 : 0;
+    r.lay.add(n, shape, param, group, split);
+    r.params.push_back(&tr.params.at(n));
+    const std::size_t numel = r.params.back()->size();
+    std::size_t local = 1;
+    for (auto e : shape) local *= static_cast<std::size_t>(e);
+    auto& at = r.at.emplace_back(local);
+    for (std::size_t i = 0; i < local; ++i) at[i] = full_index(full_shape, split, tp, i, numel);
+  }
+  return r;
+}
+
+/// Applies --set to the policy's defaults; bad values are usage errors.
+template <class Policy>
+typename Policy::hyper_params hyper_of(const config& cfg) {
   try {
-    h = distopt::apply_hyper_params<Policy>(h, cfg.sets);
+    return distopt::apply_hyper_params<Policy>(typename Policy::hyper_params{}, cfg.sets);
   } catch (const distopt::invalid_hyper_parameter& e) {  // a value out of range
     throw usage_error(e.what());
   } catch (const std::invalid_argument& e) {  // a setting that does not parse
     throw usage_error(std::string("--set ") + e.what());
   }
+}
 
+/// The optimizer options the flags ask for.
+inline distopt::optimizer_options options_of(const config& cfg) {
+  distopt::optimizer_options opts;
+  opts.master_weights = cfg.master_weights;
+  opts.grad_reduce = distopt::reduce_op::sum;
+  opts.min_8bit_size = cfg.min_8bit_size;
+  opts.percentile_clipping = cfg.percentile_clipping;
+  return opts;
+}
+
+/// The first step to run after --resume loaded a checkpoint at `loaded`.
+inline std::size_t resume_step(const trace& tr, std::int64_t loaded) {
+  const auto first = static_cast<std::size_t>(loaded);
+  if (first > tr.grads.size())
+    throw usage_error("--resume: the checkpoint is at step " + std::to_string(first) + ", the trace has " +
+                      std::to_string(tr.grads.size()) + " steps");
+  return first;
+}
+
+/// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
+/// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
+template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
+result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Comm> tp_comm = {},
+                tp_place tp = {}) {
+  const auto h = hyper_of<Policy>(cfg);
   // galore_adamw: the GaLore group (group 1, with the rank) holds the matrices not named
   // *.bias; everything else is in a plain group (group 0), as in tests/reference.
   std::vector<typename Policy::hyper_params> groups{h};
@@ -75,41 +132,18 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     plain.rank.reset();
     groups = {plain, h};
   }
-  const auto group_of = [&](const std::string& n, const std::vector<std::int64_t>& shape) {
-    if constexpr (!distopt::projects_matrices<Policy>) return 0;
-    const bool bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
-    return shape.size() == 2 && !bias ? 1 : 0;
-  };
-  distopt::layout lay;
-  std::vector<distopt::tp_split> splits;
-  for (const auto& n : tr.names) {
-    auto shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
-    if (shape.empty()) shape = {1};
-    const distopt::tp_split split = split_of(shape, splits.size(), tp.size);
-    if (split == distopt::tp_split::rows) shape.front() /= tp.size;
-    if (split == distopt::tp_split::cols) shape.back() /= tp.size;
-    splits.push_back(split);
-    lay.add(n, shape, distopt::dtype_of<Param>, group_of(n, shape), split);
-  }
-  distopt::optimizer_options opts;
-  opts.master_weights = cfg.master_weights;
-  opts.grad_reduce = distopt::reduce_op::sum;
-  opts.min_8bit_size = cfg.min_8bit_size;
-  opts.percentile_clipping = cfg.percentile_clipping;
+  rank_plan plan = plan_rank(tr, distopt::dtype_of<Param>, distopt::projects_matrices<Policy>, tp);
   const int rank = comm.rank();
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, Grad>> opt(
-      std::move(lay), groups, opts, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
+      std::move(plan.lay), groups, options_of(cfg), distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
-  // Element i of this rank's part of tensor k is element at(k, i) of the trace's tensor.
-  const auto at = [&](std::size_t k, std::size_t i) {
-    const auto& n = tr.names[k];
-    return full_index(tr.shapes.at(n), splits[k], tp, i, tr.params.at(n).size());
-  };
+  // Element i of this rank's part of tensor k is element plan.at[k][i] of the trace's tensor.
   for (std::size_t k = 0; k < tr.names.size(); ++k) {
     auto p = opt.param(tr.names[k]);
-    const auto& src = tr.params.at(tr.names[k]);
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at(k, i)]);
+    const auto& at = plan.at[k];
+    const auto& src = *plan.params[k];
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at[i]]);
   }
   std::size_t first_step = 0;
 #ifdef DISTOPT_REPLAY_CHECKPOINT
@@ -119,10 +153,7 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     } catch (const distopt::io::checkpoint_error& e) {  // missing, corrupt or another run's
       throw usage_error(std::string("--resume: ") + e.what());
     }
-    first_step = static_cast<std::size_t>(opt.step_count());
-    if (first_step > tr.grads.size())
-      throw usage_error("--resume: the checkpoint is at step " + std::to_string(first_step) + ", the trace has " +
-                        std::to_string(tr.grads.size()) + " steps");
+    first_step = resume_step(tr, opt.step_count());
   }
 #endif
   if (cfg.save_at > static_cast<int>(tr.grads.size()))
@@ -131,8 +162,9 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   for (std::size_t s = first_step; s < tr.grads.size(); ++s) {
     for (std::size_t k = 0; k < tr.names.size(); ++k) {
       auto g = opt.grad(tr.names[k]);
+      const auto& at = plan.at[k];
       const auto& src = tr.grads[s].at(tr.names[k]);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at(k, i)] : 0.0f);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at[i]] : 0.0f);
     }
     opt.step();
     opt.zero_grad();
@@ -144,9 +176,30 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   result out;
   for (std::size_t k = 0; k < tr.names.size(); ++k) {
     auto p = opt.param(tr.names[k]);
+    const auto& at = plan.at[k];
     auto& dst = out[tr.names[k]];
-    dst.assign(tr.params.at(tr.names[k]).size(), 0.0f);
-    for (std::size_t i = 0; i < p.size(); ++i) dst[at(k, i)] = distopt::to_float(p[i]);
+    dst.assign(plan.params[k]->size(), 0.0f);
+    for (std::size_t i = 0; i < p.size(); ++i) dst[at[i]] = distopt::to_float(p[i]);
+  }
+  return out;
+}
+
+/// The full tensors from the parts of DP rank 0's TP ranks (part t holds its elements).
+inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<result> parts) {
+  result out = std::move(parts[0]);
+  for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    const auto& n = tr.names[k];
+    const auto& shape = tr.shapes.at(n);
+    const auto split = split_of(shape.empty() ? std::vector<std::int64_t>{1} : shape, k, cfg.tp);
+    if (split == distopt::tp_split::none) continue;  // replicated over TP: part 0 has it all
+    const std::size_t numel = out[n].size(), local = numel / static_cast<std::size_t>(cfg.tp);
+    for (int t = 1; t < cfg.tp; ++t) {
+      const tp_place place{t, cfg.tp};
+      for (std::size_t i = 0; i < local; ++i) {
+        const std::size_t f = full_index(shape.empty() ? std::vector<std::int64_t>{1} : shape, split, place, i, numel);
+        out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
+      }
+    }
   }
   return out;
 }
@@ -174,22 +227,7 @@ result run_typed(const trace& tr, const config& cfg) {
           tr, cfg, std::move(dp_comm), std::move(tp_comm), tp_place{t, cfg.tp});
       if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
-    result out = std::move(parts[0]);
-    for (std::size_t k = 0; k < tr.names.size(); ++k) {
-      const auto& n = tr.names[k];
-      for (int t = 1; t < cfg.tp; ++t) {
-        const tp_place place{t, cfg.tp};
-        const auto& shape = tr.shapes.at(n);
-        const auto split = split_of(shape.empty() ? std::vector<std::int64_t>{1} : shape, k, cfg.tp);
-        const std::size_t numel = out[n].size(), local = split == distopt::tp_split::none ? numel : numel / static_cast<std::size_t>(cfg.tp);
-        if (split == distopt::tp_split::none) continue;  // replicated over TP: part 0 has it all
-        for (std::size_t i = 0; i < local; ++i) {
-          const std::size_t f = full_index(shape.empty() ? std::vector<std::int64_t>{1} : shape, split, place, i, numel);
-          out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
-        }
-      }
-    }
-    return out;
+    return merge_tp_parts(tr, cfg, std::move(parts));
   } else if constexpr (std::is_same_v<Mode, kokkos_mode>) {
 #ifdef DISTOPT_REPLAY_KOKKOS
     return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::kokkos<>>(
