@@ -3,7 +3,8 @@
 // compare-safetensors ACTUAL EXPECTED RTOL ATOL [SKIP,...]: every tensor of EXPECTED (but
 // the comma-separated SKIP names) must be in ACTUAL with the same shape and
 // |a - e| <= atol + rtol * |e| element-wise. Prints the worst element and exits 1 on a
-// mismatch.
+// mismatch, and also when no element was compared (everything skipped, or no tensors):
+// a comparison of nothing proves nothing.
 
 #include <distopt/io/safetensors.hpp>
 
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
     }
     std::printf("%zu elements compared, %d mismatches, worst error %.3f of the tolerance\n", compared,
                 bad, worst);
+    if (compared == 0) {
+      std::printf("no elements compared: EXPECTED has no tensors, or all were skipped\n");
+      return 1;
+    }
     return bad ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "compare-safetensors: %s\n", e.what());

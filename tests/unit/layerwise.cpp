@@ -20,6 +20,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -662,10 +663,52 @@ BOOST_AUTO_TEST_CASE(lamb_apex_options) {
   BOOST_TEST((lamb_params(apex) != lamb_params(plain)));
   plain.weight_decay = apex.weight_decay = 0.01;
   BOOST_TEST((lamb_params(apex) == lamb_params(plain)));
-  // clamp_value=inf (apex: no clamp) differs from the default clamp only where ||p|| > 10.
+  // clamp_value=inf (apex: no clamp) differs from the default clamp only where ||p|| > 10;
+  // these params have norms below 1.
   lamb::hyper_params unclamped;
   unclamped.clamp_value = std::numeric_limits<double>::infinity();
   BOOST_TEST((lamb_params(unclamped) == lamb_params(lamb::hyper_params{})));
+}
+
+BOOST_AUTO_TEST_CASE(lamb_clamp_value_bounds_the_step_by_min_of_norm_and_clamp) {
+  // One Lamb step moves a tensor by lr * trust * ||u|| = lr * min(||p||, clamp_value)
+  // whatever the gradient, so the step's length reads the clamp back. "w" has a norm of
+  // about 47 (above the clamps of 10 and 25), "b" about 2.2 (below every clamp tried).
+  layout l;
+  l.add("w", {9, 29});
+  l.add("b", {7});
+  const std::array<std::pair<const char*, float>, 2> tensors{{{"w", 20.0f}, {"b", 2.0f}}};
+  for (const double clamp : {10.0, 25.0, std::numeric_limits<double>::infinity()}) {
+    lamb::hyper_params h;
+    h.lr = 1e-2;
+    h.clamp_value = clamp;
+    optimizer<lamb> opt(l, h);
+    std::array<double, 2> norm{};
+    for (std::size_t t = 0; t < 2; ++t) {
+      auto p = opt.param(tensors[t].first);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        p[i] = init_value(t, i) * tensors[t].second;
+        norm[t] += double(p[i]) * p[i];
+      }
+      norm[t] = std::sqrt(norm[t]);
+      for (std::size_t i = 0; i < p.size(); ++i) opt.grad(tensors[t].first)[i] = grad_value(0, t, i);
+    }
+    BOOST_TEST_REQUIRE(norm[0] > 25.0);
+    BOOST_TEST_REQUIRE(norm[1] < 10.0);
+    std::array<std::vector<float>, 2> before;
+    for (std::size_t t = 0; t < 2; ++t) before[t].assign(opt.param(tensors[t].first).begin(), opt.param(tensors[t].first).end());
+    opt.step();
+    for (std::size_t t = 0; t < 2; ++t) {
+      double moved = 0.0;
+      const auto p = opt.param(tensors[t].first);
+      for (std::size_t i = 0; i < p.size(); ++i) moved += std::pow(double(p[i]) - before[t][i], 2);
+      const double want = h.lr * std::min(norm[t], clamp);
+      // fp32 params: each element's step carries the rounding of a value near |p|.
+      BOOST_TEST(std::sqrt(moved) == want, boost::test_tools::tolerance(2e-3));
+      BOOST_TEST_MESSAGE("clamp " << clamp << ", tensor " << tensors[t].first << ": ||p|| " << norm[t]
+                                  << ", step length " << std::sqrt(moved) << ", want " << want);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(set_hyper_refuses_a_slot_that_was_not_kept) {

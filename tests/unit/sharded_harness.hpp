@@ -74,6 +74,7 @@ struct run_options {
   int nan_step = -1;         // at this step a NaN appears in the grad of rank `nan_rank`
   int nan_rank = 0;
   float rank0_factor = 1.0f;  // rank 0's grad is this times the global grad (avg: d)
+  float divide_by = 0.0f;     // if not 0, rank 0's grad is then divided by it, rounded once
   distopt::optimizer_options options{};
 };
 
@@ -90,9 +91,11 @@ void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
   for (int s = 0; s < ro.steps; ++s) {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       auto g = opt.grad(tensors[t].name);
-      for (std::size_t i = 0; i < g.size(); ++i)
-        g[i] = from_float<G>(rank == 0 ? grad_value(s, t, i) * ro.rank0_factor * static_cast<float>(opt.loss_scale())
-                                       : 0.0f);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        float v = grad_value(s, t, i) * ro.rank0_factor;
+        if (ro.divide_by != 0.0f) v /= ro.divide_by;
+        g[i] = from_float<G>(rank == 0 ? v * static_cast<float>(opt.loss_scale()) : 0.0f);
+      }
       if (s == ro.nan_step && rank == ro.nan_rank) g[g.size() / 2] = from_float<G>(std::nanf(""));
     }
     if (ro.clip > 0) opt.clip_grad_norm(ro.clip);

@@ -125,16 +125,25 @@ BOOST_AUTO_TEST_CASE(replicated_over_ranks_equals_one_rank) {
   }
 }
 
-// avg divides the sum by d: rank 0 holds d times the gradient.
+// avg divides the sum by d: rank 0 holds d times the gradient (rounded), the others zeros,
+// so each reduced element must be fl(fl(d * g) / d): one division, not a multiplication by
+// 1/d. The reference is one rank fed exactly that. For d a power of two the division
+// is exact and gives g itself; d = 3, 5, 7 are where a reciprocal or a wrong d shows.
 BOOST_AUTO_TEST_CASE(avg_reduction_divides_by_d) {
   const layout l = make_layout(awkward_layouts()[0], dtype::f32);
-  run_options ro;
-  const outcome ref = run_single<adamw, fp32, precision<float>>(l, {adamw_h()}, ro);
-  for (int d : {2, 4, 8}) {
+  const outcome plain = run_single<adamw, fp32, precision<float>>(l, {adamw_h()}, run_options{});
+  for (int d : {2, 3, 4, 5, 7, 8}) {
+    run_options ro;
     ro.rank0_factor = static_cast<float>(d);
     ro.options.grad_reduce = reduce_op::avg;
     const outcome got = run_threads<adamw, sharded<fp32>, precision<float>>(d, l, {adamw_h()}, ro, true);
-    BOOST_TEST((got.params == ref.params));
+    run_options divided;
+    divided.rank0_factor = static_cast<float>(d);
+    divided.divide_by = static_cast<float>(d);
+    const outcome ref = run_single<adamw, fp32, precision<float>>(l, {adamw_h()}, divided);
+    BOOST_TEST((got.params == ref.params), "d = " << d);
+    BOOST_TEST((got.states == ref.states), "d = " << d);
+    if ((d & (d - 1)) == 0) BOOST_TEST((ref.params == plain.params), "d = " << d << ": a power of two divides exactly");
   }
 }
 
