@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DDISTOPT_BUILD_EXAMPLES=OFF | tail -3
-cmake --build build-gpu -j"$(nproc)" --target test_cuda_update test_nccl_comm distopt-bench-gpu-update
+cmake --build build-gpu -j"$(nproc)" --target test_cuda_update test_nccl_comm test_nccl_multi_rank distopt-bench-gpu-update
 
 status=0
 ctest --test-dir build-gpu -L gpu --output-on-failure 2>&1 | tee "$out/ctest-gpu.txt" || status=1

@@ -5,6 +5,7 @@
 
 #include <distopt/distopt.hpp>
 
+#include <iostream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -159,7 +160,8 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   if (cfg.save_at > static_cast<int>(tr.grads.size()))
     throw usage_error("--save-at " + std::to_string(cfg.save_at) + ": the trace has only " +
                       std::to_string(tr.grads.size()) + " steps");
-  for (std::size_t s = first_step; s < tr.grads.size(); ++s) {
+  std::size_t steps_run = 0;
+  for (std::size_t s = first_step; s < tr.grads.size(); ++s, ++steps_run) {
     for (std::size_t k = 0; k < tr.names.size(); ++k) {
       auto g = opt.grad(tr.names[k]);
       const auto& at = plan.at[k];
@@ -172,6 +174,12 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     if (static_cast<int>(s + 1) == cfg.save_at) opt.save(cfg.save_dir);
 #endif
   }
+#ifdef DISTOPT_REPLAY_CHECKPOINT
+  // What the resumed run did, for a reader and for tests/reference/resume_identical.cmake
+  // (a load that restored nothing would start at step 0 and replay the whole trace).
+  if (!cfg.resume_dir.empty() && rank == 0 && tp.index == 0)
+    std::cout << "distopt-replay: resumed at step " << first_step << ", ran " << steps_run << " steps\n";
+#endif
   // The full tensors, with this rank's parts filled in (all of them without --tp).
   result out;
   for (std::size_t k = 0; k < tr.names.size(); ++k) {

@@ -35,10 +35,13 @@
 /// both versions compute the same bits. Off where the compiler already targets AVX2, off
 /// for Clang and device code, off under ThreadSanitizer (its instrumented ifunc resolver
 /// runs before the TSan runtime starts and crashes), and off with -DDISTOPT_NO_TARGET_CLONES.
+/// DISTOPT_HAS_CPU_CLONES says which (1 or 0).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
     defined(__linux__) && !defined(__AVX2__) && !defined(__SANITIZE_THREAD__) &&          \
     !defined(DISTOPT_NO_TARGET_CLONES)
 #define DISTOPT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define DISTOPT_HAS_CPU_CLONES 1
 #else
 #define DISTOPT_CPU_CLONES
+#define DISTOPT_HAS_CPU_CLONES 0
 #endif

@@ -1,19 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// The `nccl` communicator on one rank and one GPU: every collective x element type x op
-// against the values uploaded (with one rank each result is a copy of the input), the
-// in-place and asynchronous forms, the four ways to make a handle, split, the byte model
-// (0 for one rank) and the local size checks. Exits 77, which ctest reports as skipped,
-// where there is no CUDA device.
+// The `nccl` communicator on one rank and one GPU: ONE-RANK PLUMBING ONLY. With one rank
+// every collective's result is a copy of its input, so an in-place all-reduce or broadcast
+// that did nothing would pass here; the arithmetic across ranks is nccl_multi_rank.cpp's
+// (ctest nccl.multi_rank, on machines with two or more GPUs). What this checks: every
+// collective x element type x op returns the values uploaded (out-of-place results land
+// in poisoned buffers), the in-place and asynchronous forms, the four ways to make a
+// handle, split, the byte model (0 for one rank) and the local size checks. Exits 77,
+// which ctest reports as skipped, where there is no CUDA device.
 //
 // A plain main() rather than Boost.Test, so that the skip is an exit code decided before
 // anything touches NCCL. Results are read back with a plain cudaMemcpy, which does not
 // wait for the communicator's non-blocking stream: a collective that returned before its
 // work was done shows up as a wrong result, not as a lucky pass.
 
-#include <distopt/comm/nccl.hpp>
-#include <distopt/types/bf16.hpp>
-#include <distopt/types/fp16.hpp>
+#include "nccl_test_support.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -30,6 +31,7 @@
 
 namespace {
 
+using namespace nccl_test;
 using distopt::bf16;
 using distopt::comm_request;
 using distopt::fp16;
@@ -69,91 +71,6 @@ void check_throws(F&& f, const std::string& message, bool exact = true) {
   }
   check(false, "expected \"" + message + "\", nothing was thrown");
 }
-
-void cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-void nccl_call(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) throw std::runtime_error(std::string(what) + " failed: " + ncclGetErrorString(r));
-}
-
-template <class T>
-std::string type_name() {
-  if constexpr (std::is_same_v<T, float>) return "float";
-  else if constexpr (std::is_same_v<T, double>) return "double";
-  else if constexpr (std::is_same_v<T, bf16>) return "bf16";
-  else return "fp16";
-}
-
-std::string op_name(reduce_op op) {
-  return op == reduce_op::sum ? "sum" : op == reduce_op::avg ? "avg" : "max";
-}
-
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-/// Values of mixed sign and magnitude (2^-6 .. 2^2), distinct from the 0xff fill.
-template <class T>
-std::vector<T> make_input(std::size_t n, std::uint64_t seed) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t h = splitmix(seed * 1000003u + i);
-    const double mant = static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
-    const double x = std::ldexp(mant, static_cast<int>(h % 9) - 6);
-    if constexpr (std::is_same_v<T, double>) v[i] = x;
-    else v[i] = T(static_cast<float>(x));
-  }
-  return v;
-}
-
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-
-/// n elements of T in device memory.
-template <class T>
-class device_buffer {
- public:
-  explicit device_buffer(std::size_t n) : n_(n) {
-    if (n_ != 0) cuda(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)), "cudaMalloc");
-  }
-  ~device_buffer() {
-    if (p_ != nullptr) static_cast<void>(cudaFree(p_));
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-
-  std::span<T> span() { return {p_, n_}; }
-  std::span<const T> cspan() const { return {p_, n_}; }
-
-  /// Copies `v` in and waits for the copy (a pageable upload may return before it lands,
-  /// and the communicator's non-blocking stream would not wait for it).
-  void upload(const std::vector<T>& v) {
-    if (n_ != 0) cuda(cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
-    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  /// Fills every byte with 0xff (a NaN in every element type), so a copy that did not happen shows.
-  void poison() {
-    if (n_ != 0) cuda(cudaMemset(p_, 0xff, n_ * sizeof(T)), "cudaMemset");
-    cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n_);
-    if (n_ != 0) cuda(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy (download)");
-    return v;
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_;
-};
 
 /// Waits for `r` by polling test() (at most a minute), then wait().
 void poll_then_wait(comm_request& r, const std::string& what) {
@@ -377,6 +294,8 @@ int main() {
     std::cerr << "nccl_comm: FAILED with an exception: " << ex.what() << "\n";
     return 1;
   }
-  std::cout << "nccl_comm: " << checks - failures << " of " << checks << " checks passed\n";
+  std::cout << "nccl_comm: one-rank plumbing only (a collective that does nothing passes on one rank; "
+               "nccl.multi_rank checks the results across ranks): "
+            << checks - failures << " of " << checks << " checks passed\n";
   return failures == 0 ? 0 : 1;
 }

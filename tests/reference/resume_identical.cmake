@@ -1,12 +1,21 @@
 # distopt-replay saved after K steps and resumed from that checkpoint, on other ranks,
-# writes the same bytes as the uninterrupted run on one rank.
+# writes the same bytes as the uninterrupted run on one rank, and the resumed run says it
+# started at step K (the negative control: a load that did nothing would start at 0).
 # -DREPLAY= -DTRACE= -DOUT=(prefix) -DARGS=(;-list) -DK=(step)
 # -DSAVE=(;-list: arguments of the saving run, e.g. --ranks;4) -DRESUME=(;-list)
 # [-DSAVE_LAUNCHER= -DRESUME_LAUNCHER=(space-separated: e.g. "mpiexec -n 2", put before the program)]
-execute_process(COMMAND ${REPLAY} --trace ${TRACE} --out ${OUT}.one.safetensors ${ARGS} RESULT_VARIABLE rc)
+# The resumed run must also say that it started at step K and ran only the rest: a load
+# that silently restored nothing would replay the whole trace and pass the comparison.
+execute_process(COMMAND ${REPLAY} --trace ${TRACE} --out ${OUT}.one.safetensors ${ARGS} RESULT_VARIABLE rc
+  OUTPUT_VARIABLE output)
+message(STATUS "${output}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "distopt-replay on one rank failed (${rc})")
 endif()
+if(NOT output MATCHES "tensors, ([0-9]+) steps ->")
+  message(FATAL_ERROR "distopt-replay did not say how many steps the trace has")
+endif()
+math(EXPR rest "${CMAKE_MATCH_1} - ${K}")
 set(dir ${OUT}.checkpoint)
 file(REMOVE_RECURSE ${dir})
 separate_arguments(SAVE_LAUNCHER)
@@ -21,9 +30,13 @@ foreach(run IN ITEMS save resume)
   set(out ${OUT}.${run}.safetensors)
   file(REMOVE ${out})
   execute_process(COMMAND ${${RUN}_LAUNCHER} ${REPLAY} --trace ${TRACE} --out ${out} ${ARGS} ${${RUN}} ${flags}
-    RESULT_VARIABLE rc)
+    RESULT_VARIABLE rc OUTPUT_VARIABLE output)
+  message(STATUS "${output}")
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "distopt-replay ${run} run (${${RUN}_LAUNCHER} ${${RUN}} ${flags}) failed (${rc})")
+  endif()
+  if(run STREQUAL "resume" AND NOT output MATCHES "resumed at step ${K}, ran ${rest} steps\n")
+    message(FATAL_ERROR "the resumed run did not start at step ${K} and run the remaining ${rest} steps")
   endif()
   execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${OUT}.one.safetensors ${out} RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)

@@ -3,6 +3,8 @@
 // Runs a fixed mixed-precision workload through every policy and prints a hash of the
 // resulting params and states. Built twice, with and without the AVX2 function clones
 // (DISTOPT_NO_TARGET_CLONES), so ctest can check that both machine paths give the same bits.
+// `step-bits --path` prints which path the update loops take in this build on this CPU
+// (first word avx2 or baseline), so the test can tell when both programs run the same one.
 
 #include <distopt/distopt.hpp>
 
@@ -47,9 +49,27 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
   return hash;
 }
 
+/// The update loops' machine path in this program on this CPU: "avx2" or "baseline", then
+/// why.
+const char* cpu_path() {
+#if defined(__AVX2__)
+  return "avx2 (the compiler targets AVX2, so there are no clones)";
+#elif DISTOPT_HAS_CPU_CLONES
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") ? "avx2 (the AVX2 clone, chosen at load time for this CPU)"
+                                        : "baseline (the default clone: this CPU has no AVX2)";
+#else
+  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)";
+#endif
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--path") == 0) {
+    std::printf("%s\n", cpu_path());
+    return 0;
+  }
   using distopt::bf16;
   using distopt::fp16;
   distopt::adam::hyper_params adam;
