@@ -192,21 +192,16 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   return out;
 }
 
-/// The full tensors from the parts of DP rank 0's TP ranks (part t holds its elements).
+/// The full tensors from the parts of DP rank 0's TP ranks (part t holds its elements, at
+/// the indices plan_rank maps them to).
 inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<result> parts) {
   result out = std::move(parts[0]);
-  for (std::size_t k = 0; k < tr.names.size(); ++k) {
-    const auto& n = tr.names[k];
-    const auto& shape = tr.shapes.at(n);
-    const auto split = split_of(shape.empty() ? std::vector<std::int64_t>{1} : shape, k, cfg.tp);
-    if (split == distopt::tp_split::none) continue;  // replicated over TP: part 0 has it all
-    const std::size_t numel = out[n].size(), local = numel / static_cast<std::size_t>(cfg.tp);
-    for (int t = 1; t < cfg.tp; ++t) {
-      const tp_place place{t, cfg.tp};
-      for (std::size_t i = 0; i < local; ++i) {
-        const std::size_t f = full_index(shape.empty() ? std::vector<std::int64_t>{1} : shape, split, place, i, numel);
-        out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
-      }
+  for (int t = 1; t < cfg.tp; ++t) {
+    const rank_plan plan = plan_rank(tr, distopt::dtype::f32, false, tp_place{t, cfg.tp});
+    for (std::size_t k = 0; k < tr.names.size(); ++k) {
+      const auto& n = tr.names[k];
+      if (plan.at[k].size() == out[n].size()) continue;  // replicated over TP: part 0 has it all
+      for (const std::size_t f : plan.at[k]) out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
     }
   }
   return out;
