@@ -28,10 +28,16 @@ using namespace distopt;
 
 namespace {
 
-/// The 256 values of a committed map file (tests/reference/q8/, from bitsandbytes).
-std::vector<float> read_map(const std::string& file) {
+/// A committed file of tests/reference/q8/, open for reading.
+std::ifstream open_q8_reference(const std::string& file) {
   std::ifstream in(std::string(DISTOPT_REFERENCE_DIR) + "/q8/" + file);
   BOOST_REQUIRE_MESSAGE(in, "cannot open tests/reference/q8/" << file);
+  return in;
+}
+
+/// The 256 values of a committed map file (tests/reference/q8/, from bitsandbytes).
+std::vector<float> read_map(const std::string& file) {
+  std::ifstream in = open_q8_reference(file);
   std::vector<float> v;
   std::string line;
   while (std::getline(in, line)) {
@@ -313,8 +319,7 @@ struct q8_trace {
 };
 
 q8_trace read_trace(const std::string& file) {
-  std::ifstream in(std::string(DISTOPT_REFERENCE_DIR) + "/q8/" + file);
-  BOOST_REQUIRE_MESSAGE(in, "cannot open tests/reference/q8/" << file);
+  std::ifstream in = open_q8_reference(file);
   q8_trace tr;
   const auto tensor_index = [&](const std::string& name) {
     for (std::size_t t = 0; t < tr.tensors.size(); ++t)
