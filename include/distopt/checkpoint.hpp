@@ -54,8 +54,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "detail/checkpoint_item.hpp"
+#include "detail/layout_check.hpp"
 #include "io/safetensors.hpp"
 #include "optimizer.hpp"
+#include "policy/hyper_text.hpp"
 #include "version.hpp"
 
 #ifndef XXH_INLINE_ALL
@@ -396,11 +399,243 @@ inline void read_slice(const read_file& f, const slice_record& s, std::uint64_t 
 
 /// The optimizer's private side, for save_checkpoint and load_checkpoint.
 struct checkpoint_access {
+  // ---------------------------------------------------------------------------------
+  // Checkpoints: this rank's state as named flat vectors (distopt/checkpoint.hpp does
+  // the files). A slice item is the elements of a tensor this rank holds (all of them when
+  // replicated, where rank 0 alone writes); a whole item (row and column states, GaLore's
+  // low-rank states and projections) is kept by every rank holding part of its tensor and
+  // written by the one holding the tensor's first element.
+  // ---------------------------------------------------------------------------------
+
+  static std::string safetensors_dtype(dtype t) {
+    return t == dtype::f32 ? "F32" : t == dtype::bf16 ? "BF16" : "F16";
+  }
+
+  /// Whether this rank writes the items of tensor `i`: sliced (`whole` false) or whole.
+  template <class Opt>
+  static bool writes_tensor(const Opt& o, std::size_t i, bool whole) {
+    const distopt::detail::piece_range r = o.plan_.pieces_of(i);
+    if (r.empty() || (!Opt::is_sharded && o.comm_.rank() != 0)) return false;
+    return !whole || o.plan_.pieces()[r.first].layout == o.layout_.tensors()[i].offset;
+  }
+
+  /// Appends the item for this rank's slice [first, first + count) of tensor `i`'s vector
+  /// `suffix`, whose element k lives at `base[k - first]`.
+  template <class Opt, class T>
+  static void add_slice_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
+                      T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
+                      std::vector<std::int64_t> shape, bool whole = false) {
+    distopt::detail::checkpoint_item it;
+    it.name = o.layout_.tensors()[i].name + "/" + suffix;
+    it.dtype = std::move(st_dtype);
+    it.element_size = sizeof(T);
+    it.total = total;
+    it.shape = shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(total)} : std::move(shape);
+    it.first = first;
+    it.count = count;
+    it.save = writes_tensor(o, i, whole);
+    it.load = true;
+    it.source = reinterpret_cast<const std::byte*>(base);
+    it.install = [base, count](std::span<const std::byte> b) {
+      if (count != 0) std::memcpy(static_cast<void*>(base), b.data(), count * sizeof(T));
+    };
+    out.push_back(std::move(it));
+  }
+
+  /// A whole item of tensor `i` held in `v` (which load resizes only through `install`).
+  template <class Opt>
+  static void add_whole_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, std::string suffix,
+                      std::vector<float>& v) {
+    add_slice_item(o, out, i, std::move(suffix), "F32", v.data(), v.size(), 0, v.size(), {}, true);
+  }
+
+  template <class Opt, class T>
+  static void add_whole_q8_items(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, const std::string& suffix,
+                          std::vector<std::uint8_t>& codes, std::vector<T>& absmax) {
+    add_slice_item(o, out, i, suffix + ".codes", "U8", codes.data(), codes.size(), 0, codes.size(), {}, true);
+    add_slice_item(o, out, i, suffix + ".absmax", "F32", absmax.data(), absmax.size(), 0, absmax.size(), {}, true);
+  }
+
+  /// Every piece of state this rank holds, as checkpoint items.
+  template <class Opt>
+  static std::vector<distopt::detail::checkpoint_item> checkpoint_items(Opt& o) {
+    std::vector<distopt::detail::checkpoint_item> out;
+    const auto tensors = o.layout_.tensors();
+    const auto& pieces = o.plan_.pieces();
+    std::string sdt = "U8";
+    if constexpr (!Opt::is_quantized) sdt = safetensors_dtype(dtype_of<typename Opt::state_type>);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const tensor_slot& t = tensors[i];
+      const distopt::detail::piece_range r = o.plan_.pieces_of(i);
+      if (r.empty()) continue;
+      const distopt::detail::shard_piece& p0 = pieces[r.first];
+      std::size_t count = 0;
+      for (std::size_t c = r.first; c < r.end; ++c) count += pieces[c].count;
+      const std::uint64_t first = p0.layout - t.offset;
+      add_slice_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + p0.buffer, t.numel,
+                     first, count, t.shape);
+      if (o.uses_master()) {
+        add_slice_item(o, out, i, "master", "F32", o.master_.data() + p0.local, t.numel, first, count, t.shape);
+        out.back().save = out.back().save && o.master_ready_;
+        out.back().load = false;  // when the checkpoint has master weights (checkpoint_access decides)
+      }
+      for (int k = 0; k < o.slots_; ++k) {
+        const std::string slot = "state." + std::to_string(k);
+        if constexpr (Opt::projects) {
+          if (o.matrix_index_[i] >= 0) continue;  // its low-rank states: below
+        }
+        if constexpr (Opt::is_quantized) {
+          const auto& q = o.q8_piece_[r.first];
+          if (q.quantized) {
+            add_slice_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
+            const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
+            add_slice_item(o, out, i, slot + ".absmax", "F32", o.absmax_[k].data() + q.offset / q8::block,
+                           (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
+          } else {
+            add_slice_item(o, out, i, slot, "F32", o.small_[k].data() + q.offset, t.numel, first, count, t.shape);
+          }
+        } else if constexpr (Opt::is_layerwise) {
+          if (!((o.layer_.lt_[i].slot_mask >> k) & 1u)) continue;
+          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first][static_cast<std::size_t>(k)],
+                         t.numel, first, count, t.shape);
+        } else if constexpr (Opt::projects) {
+          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.state_offset_[r.first], t.numel, first, count, t.shape);
+        } else {
+          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
+        }
+      }
+      if (!o.gnorm_vec_.empty())  // percentile clipping: the tensor's norm history (its holders' is exact)
+        add_slice_item(o, out, i, "clip_history", "F32", o.gnorm_vec_[i].data(), 100, 0, 100, {}, true);
+      if constexpr (Opt::is_layerwise) {
+        auto& lt = o.layer_.lt_[i];
+        if (lt.factored) {
+          if (!lt.row_state.empty()) add_whole_item(o, out, i, "row_states", lt.row_state);
+          if (!lt.col_state.empty()) add_whole_item(o, out, i, "col_states", lt.col_state);
+        }
+      }
+      if constexpr (Opt::projects) {
+        if (o.matrix_index_[i] >= 0) {
+          auto& pm = o.matrices_[static_cast<std::size_t>(o.matrix_index_[i])];
+          for (int k = 0; k < 2; ++k) {
+            const std::string name = "projected." + std::to_string(k);
+            if (!pm.codes[k].empty()) add_whole_q8_items(o, out, i, name, pm.codes[k], pm.absmax[k]);
+            else add_whole_item(o, out, i, name, pm.state[k]);
+          }
+          // The projection: Q (m x r) and/or P (r x n); saved once computed, loaded when
+          // the checkpoint has it (into staging: set_ortho installs both at the end).
+          const auto side = pm.proj.side_for(pm.m, pm.n);
+          using side_t = decltype(side);
+          const std::int64_t rk = pm.proj.rank();
+          auto& staged = o.ortho_staging_[static_cast<std::size_t>(o.matrix_index_[i])];
+          const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
+                                                   side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
+          for (int k = 0; k < 2; ++k) {
+            if (sizes[k] == 0) continue;
+            distopt::detail::checkpoint_item it;
+            it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
+            it.dtype = "F32";
+            it.total = it.count = sizes[k];
+            it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
+            it.save = writes_tensor(o, i, true) && pm.proj.has_ortho();
+            it.load = false;  // optional: when the checkpoint has it
+            it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
+            it.install = [&staged, k, n = sizes[k]](std::span<const std::byte> b) {
+              staged[static_cast<std::size_t>(k)].resize(n);
+              std::memcpy(staged[static_cast<std::size_t>(k)].data(), b.data(), n * sizeof(float));
+              staged[2].resize(1);  // marks the matrix as staged
+            };
+            out.push_back(std::move(it));
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  /// What must match (identity) and what is restored (state) on load.
+  template <class Opt>
+  static distopt::detail::checkpoint_scalars checkpoint_scalars(const Opt& o) {
+    distopt::detail::checkpoint_scalars s;
+    const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
+    id("policy", std::string(Opt::policy_type::name));
+    if constexpr (Opt::is_quantized) id("encoding", "q8");
+    else id("encoding", std::string(dtype_name(dtype_of<typename Opt::state_type>)));
+    id("param_dtype", std::string(dtype_name(dtype_of<typename Opt::param_type>)));
+    id("grad_dtype", std::string(dtype_name(dtype_of<typename Opt::grad_type>)));
+    id("master_weights", o.uses_master() ? "true" : "false");
+    id("block_size", std::to_string(o.layout_.block_size()));
+    id("groups", std::to_string(o.groups_.size()));
+    id("state_slots", std::to_string(o.slots_));
+    if constexpr (Opt::is_quantized) id("min_8bit_size", std::to_string(o.options_.min_8bit_size));
+    id("percentile_clipping", std::to_string(o.options_.percentile_clipping));
+    id("loss_scaling", o.scaler_ ? "dynamic" : "off");
+    id("tensors", std::to_string(o.layout_.tensors().size()));
+    for (const tensor_slot& t : o.layout_.tensors()) id("tensor " + t.name, distopt::detail::describe_tensor(t));
+    const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
+    st("step", std::to_string(o.step_));
+    st("seed", std::to_string(o.options_.seed));
+    st("master_ready", o.master_ready_ ? "true" : "false");
+    std::string started;
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) started += g < o.state_started_.size() && o.state_started_[g] ? '1' : '0';
+    st("state_started", started);
+    if (o.scaler_) {
+      st("loss_scale", distopt::detail::format_number(o.scaler_->scale()));
+      st("growth_tracker", std::to_string(o.scaler_->growth_tracker()));
+    }
+    for (std::size_t g = 0; g < o.groups_.size(); ++g)
+      st("group " + std::to_string(g), hyper_params_string<typename Opt::policy_type>(o.groups_[g]));
+    return s;
+  }
+
+  /// Restores the state scalars (already checked to parse: checkpoint_access validates
+  /// them before any rank installs anything) and finishes what install staged.
+  template <class Opt>
+  static void restore_checkpoint(Opt& o, const std::map<std::string, std::string, std::less<>>& st) {
+    o.step_ = std::stoll(st.at("step"));
+    o.options_.seed = std::stoull(st.at("seed"));
+    o.master_ready_ = st.at("master_ready") == "true";
+    const std::string& started = st.at("state_started");
+    o.state_started_.assign(o.groups_.size(), false);
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = started[g] == '1';
+    if (o.scaler_) o.scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
+    if constexpr (Opt::is_layerwise) o.layer_.init_geometry(o);
+    if constexpr (Opt::projects) {
+      for (std::size_t j = 0; j < o.matrices_.size(); ++j) {
+        auto& pm = o.matrices_[j];
+        auto& staged = o.ortho_staging_[j];
+        const typename Opt::hyper_params& h = o.groups_[static_cast<std::size_t>(o.layout_.tensors()[pm.tensor].group)];
+        pm.proj = typename Opt::projector_type(h);
+        if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
+        staged = {};
+      }
+    }
+    o.clip_.reset();
+    o.reduced_ = false;
+    if (Opt::is_sharded && o.comm_.size() > 1) o.gather_params();
+  }
+
+  /// The hyper-parameters of a group from their text form; throws std::invalid_argument.
+  template <class Opt>
+  static typename Opt::hyper_params parse_checkpoint_group(std::string_view text) {
+    typename Opt::hyper_params h;
+    while (!text.empty()) {
+      const std::size_t space = text.find(' ');
+      const std::string_view kv = text.substr(0, space);
+      const std::size_t eq = kv.find('=');
+      if (eq == std::string_view::npos) throw std::invalid_argument("hyper-parameter '" + std::string(kv) + "' has no '='");
+      set_hyper_param<typename Opt::policy_type>(h, kv.substr(0, eq), kv.substr(eq + 1));
+      text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
+    }
+    h.validate();
+    return h;
+  }
+
   /// The optimizer's items, once its collectives in flight are done.
   template <class Opt>
   static std::vector<distopt::detail::checkpoint_item> items(Opt& o) {
     o.wait_pending();
-    return o.checkpoint_items();
+    return checkpoint_items(o);
   }
   template <class Opt>
   static detail::checkpoint_party party(Opt& o) {
@@ -423,10 +658,10 @@ struct checkpoint_access {
       o.comm_.all_gather(mine, std::span<double>(all));
       tp->all_gather(std::span<const double>(all), grid);
     };
-    p.scalars = [&o] { return o.checkpoint_scalars(); };
+    p.scalars = [&o] { return checkpoint_scalars(o); };
     p.items = [&o] { return items(o); };
-    p.restore = [&o](const std::map<std::string, std::string, std::less<>>& state) { o.restore_checkpoint(state); };
-    p.check_group = [](const std::string& text) { (void)Opt::parse_checkpoint_group(text); };
+    p.restore = [&o](const std::map<std::string, std::string, std::less<>>& state) { restore_checkpoint(o, state); };
+    p.check_group = [](const std::string& text) { (void)parse_checkpoint_group<Opt>(text); };
     return p;
   }
 };
@@ -668,5 +903,12 @@ template <class Optimizer>
 void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
   detail::load_checkpoint(checkpoint_access::party(opt), dir);
 }
+
+/// What `opt.save(dir)` and `opt.load(dir)` call (declared in optimizer.hpp).
+template <class Optimizer>
+struct checkpoint_files {
+  static void save(Optimizer& opt, const std::filesystem::path& dir) { save_checkpoint(opt, dir); }
+  static void load(Optimizer& opt, const std::filesystem::path& dir) { load_checkpoint(opt, dir); }
+};
 
 }  // namespace distopt::io

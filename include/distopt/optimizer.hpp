@@ -8,9 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <limits>
-#include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -24,10 +22,8 @@
 #include "comm/single.hpp"
 #include "concepts.hpp"
 #include "detail/buffer.hpp"
-#include "detail/checkpoint_item.hpp"
 #include "detail/exact_sum.hpp"
-#include "detail/fixed_sum.hpp"
-#include "detail/layer_loop.hpp"
+#include "detail/engines.hpp"
 #include "detail/layout_check.hpp"
 #include "detail/q8_loop.hpp"
 #include "detail/shard_plan.hpp"
@@ -37,7 +33,7 @@
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
-#include "policy/hyper_text.hpp"
+#include "shard_view.hpp"
 #include "step_info.hpp"
 #include "storage/q8.hpp"
 #include "storage/replicated.hpp"
@@ -91,26 +87,11 @@ struct optimizer_options {
 
 namespace io {
 struct checkpoint_access;
-/// Defined in <distopt/checkpoint.hpp> (needs xxHash: Debian's libxxhash-dev).
+/// Defined in <distopt/checkpoint.hpp> (needs xxHash: Debian's libxxhash-dev): opt.save
+/// and opt.load need it included.
 template <class Optimizer>
-void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir);
-template <class Optimizer>
-void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir);
+struct checkpoint_files;
 }  // namespace io
-
-/// One rank's part of a tensor's master weights or state: `values` are elements
-/// [first, first + values.size()) of the tensor (in its flat, row-major order).
-template <class T>
-struct shard_view {
-  std::span<T> values;
-  std::size_t first = 0;
-};
-
-/// A decoded copy of one rank's part of a tensor's state: elements [first, first + size).
-struct shard_values {
-  std::vector<float> values;
-  std::size_t first = 0;
-};
 
 namespace detail {
 template <class Policy, class Storage, class Comm, class Exec, class Precision>
@@ -174,6 +155,11 @@ class optimizer {
   static constexpr bool projects = projects_matrices<Policy>;
   /// True for policies whose step needs per-tensor, per-row or per-column statistics.
   static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
+  static_assert(!is_layerwise || detail::engine_included<Policy, detail::layer_engine_tag>::value,
+                "distopt::optimizer: a layer-wise policy needs #include <distopt/detail/layer_engine.hpp> "
+                "(the policy headers lamb.hpp, adafactor.hpp and came.hpp include it)");
+  using comm_type = Comm;
+  using executor_type = Exec;
 
   /// Creates the buffers for `tensors`; `groups[i]` holds the hyper-parameters of the tensors
   /// registered with group i. Every tensor must be registered with the param dtype. With
@@ -239,7 +225,7 @@ class optimizer {
         if (plan_.straddles(i)) straddlers_.push_back(i);
     }
     if constexpr (is_layerwise) {
-      init_layerwise();
+      layer_.init(*this);
     } else if constexpr (is_quantized) {
       if constexpr (projects) init_projection();  // the projected matrices first: init_q8 skips them
       init_q8();
@@ -292,7 +278,7 @@ class optimizer {
   shard_view<const state_type> local_state(std::string_view name, int k) const
     requires(!is_quantized)
   {
-    if constexpr (is_layerwise) return layer_local_state(name, check_slot(k));
+    if constexpr (is_layerwise) return layer_.local_state(*this, name, check_slot(k));
     else if constexpr (projects) return projected_local_state(name, check_slot(k));
     else return local_view(states_[check_slot(k)], name);
   }
@@ -377,13 +363,13 @@ class optimizer {
   std::span<const float> row_state(std::string_view name, int k) const
     requires is_layerwise
   {
-    return factor_state(name, k, Policy::row_states, true);
+    return layer_.factor_state(*this, name, k, Policy::row_states, true);
   }
   /// Layer-wise policies: column state `k` (e.g. exp_avg_sq_col), [matrix * cols + col].
   std::span<const float> col_state(std::string_view name, int k) const
     requires is_layerwise
   {
-    return factor_state(name, k, Policy::col_states, false);
+    return layer_.factor_state(*this, name, k, Policy::col_states, false);
   }
   /// The whole flat buffers, padding included (for bulk I/O).
   std::span<param_type> params() noexcept { return params_.span(); }
@@ -397,17 +383,7 @@ class optimizer {
     if (Policy::state_slots(h) > slots_)
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": these hyper-parameters need more state than was allocated");
-    if constexpr (is_layerwise) {
-      check_group(g);
-      for (std::size_t i = 0; i < layout_.tensors().size(); ++i) {
-        if (layout_.tensors()[i].group != g) continue;
-        for (int k = 0; k < Policy::max_state_slots; ++k)
-          if (k < Policy::state_slots(h) && Policy::uses_slot(h, k, lt_[i].factored) && !((lt_[i].slot_mask >> k) & 1u))
-            throw std::invalid_argument(std::string(Policy::name) + ": these hyper-parameters need state slot " +
-                                        std::to_string(k) + " for '" + layout_.tensors()[i].name +
-                                        "', which was not allocated");
-      }
-    }
+    if constexpr (is_layerwise) layer_.check_hyper(*this, check_group(g), h);
     groups_.at(check_group(g)) = std::move(h);
   }
   /// Number of hyper-parameter groups.
@@ -441,7 +417,7 @@ class optimizer {
   void set_tensor_parallel_group(Comm group) {
     tp_.emplace(std::move(group));
     if (!model_parallel_) tp_rank_ = tp_->rank();
-    if constexpr (is_layerwise) init_layerwise_geometry();
+    if constexpr (is_layerwise) layer_.init_geometry(*this);
   }
 
   /// Sets every grad to zero.
@@ -530,8 +506,8 @@ class optimizer {
     const float grad_scale = static_cast<float>(coef / loss_scale());
     if (options_.percentile_clipping < 100) percentile_scales(coef);
     if constexpr (is_layerwise) {
-      if (reduces_in_fp32()) run_layer_step<float>(grads32_.data(), grad_scale);
-      else run_layer_step<grad_type>(grads_.data(), grad_scale);
+      if (reduces_in_fp32()) layer_.step(*this, grads32_.data(), grad_scale);
+      else layer_.step(*this, grads_.data(), grad_scale);
     } else {
       if (reduces_in_fp32()) run_update<float>(grads32_.data(), grad_scale);
       else run_update<grad_type>(grads_.data(), grad_scale);
@@ -583,19 +559,7 @@ class optimizer {
     add("grads fp32", grads32_.bytes(), grads32_.size(), local_used);
     add("master", master_.bytes(), master_.size(), local_used);
     if constexpr (is_layerwise) {
-      // Compact slot buffers (only the tensors that keep the slot), and the factored
-      // row / column states every rank holding part of a factored tensor keeps whole.
-      for (int k = 0; k < slots_; ++k)
-        if (states_[k].bytes() != 0) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
-      std::size_t rows = 0, cols = 0, stats = 0;
-      for (const auto& t : lt_) {
-        rows += t.row_state.size() * sizeof(float);
-        cols += t.col_state.size() * sizeof(float);
-        stats += (t.row_values.size() + t.col_values.size() + t.values.size()) * sizeof(float);
-      }
-      if (rows) r.entries.push_back({"state rows", rows});
-      if (cols) r.entries.push_back({"state cols", cols});
-      r.entries.push_back({"statistics", stats});
+      layer_.add_memory(*this, r);
     } else if constexpr (is_quantized) {
       // Codes of the 8-bit tensors (their last partial blocks padded), one fp32 absmax
       // per block, and the fp32 states of the tensors below min_8bit_size.
@@ -628,245 +592,31 @@ class optimizer {
   /// per rank and index.json, written last; the previous checkpoint there stays loadable
   /// until the new index replaces it. Collective over the data-parallel group and the
   /// tensor-parallel group. Needs `#include <distopt/checkpoint.hpp>` (xxHash).
-  void save(const std::filesystem::path& dir) { io::save_checkpoint(*this, dir); }
+  /// `dir`: a std::filesystem::path or anything that converts to one.
+  template <class Dir>
+  void save(const Dir& dir) {
+    io::checkpoint_files<optimizer>::save(*this, dir);
+  }
   /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the
   /// same tensor-parallel size; afterwards steps continue bit for bit as the run that saved
   /// it would have. A missing, corrupt or mismatched checkpoint throws io::checkpoint_error
   /// on every rank and leaves this optimizer as it was. Collective, as save.
-  void load(const std::filesystem::path& dir) { io::load_checkpoint(*this, dir); }
+  template <class Dir>
+  void load(const Dir& dir) {
+    io::checkpoint_files<optimizer>::load(*this, dir);
+  }
 
   /// Layer-wise policies: bytes of statistics this rank has put into all-reduces so far
   /// (over DP and TP; what each collective then sends is the communicator's bytes_sent).
-  std::size_t statistics_bytes() const noexcept { return stat_bytes_; }
+  std::size_t statistics_bytes() const noexcept {
+    if constexpr (is_layerwise) return layer_.stat_bytes_;
+    else return 0;
+  }
 
  private:
   friend struct io::checkpoint_access;
-
-  // ---------------------------------------------------------------------------------
-  // Checkpoints: this rank's state as named flat vectors (distopt/checkpoint.hpp does
-  // the files). A slice item is the elements of a tensor this rank holds (all of them when
-  // replicated, where rank 0 alone writes); a whole item (row and column states, GaLore's
-  // low-rank states and projections) is kept by every rank holding part of its tensor and
-  // written by the one holding the tensor's first element.
-  // ---------------------------------------------------------------------------------
-
-  static std::string safetensors_dtype(dtype t) {
-    return t == dtype::f32 ? "F32" : t == dtype::bf16 ? "BF16" : "F16";
-  }
-
-  /// Whether this rank writes the items of tensor `i`: sliced (`whole` false) or whole.
-  bool writes_tensor(std::size_t i, bool whole) const {
-    const detail::piece_range r = plan_.pieces_of(i);
-    if (r.empty() || (!is_sharded && comm_.rank() != 0)) return false;
-    return !whole || plan_.pieces()[r.first].layout == layout_.tensors()[i].offset;
-  }
-
-  /// Appends the item for this rank's slice [first, first + count) of tensor `i`'s vector
-  /// `suffix`, whose element k lives at `base[k - first]`.
-  template <class T>
-  void add_slice_item(std::vector<detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
-                      T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
-                      std::vector<std::int64_t> shape, bool whole = false) {
-    detail::checkpoint_item it;
-    it.name = layout_.tensors()[i].name + "/" + suffix;
-    it.dtype = std::move(st_dtype);
-    it.element_size = sizeof(T);
-    it.total = total;
-    it.shape = shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(total)} : std::move(shape);
-    it.first = first;
-    it.count = count;
-    it.save = writes_tensor(i, whole);
-    it.load = true;
-    it.source = reinterpret_cast<const std::byte*>(base);
-    it.install = [base, count](std::span<const std::byte> b) {
-      if (count != 0) std::memcpy(static_cast<void*>(base), b.data(), count * sizeof(T));
-    };
-    out.push_back(std::move(it));
-  }
-
-  /// A whole item of tensor `i` held in `v` (which load resizes only through `install`).
-  void add_whole_item(std::vector<detail::checkpoint_item>& out, std::size_t i, std::string suffix,
-                      std::vector<float>& v) {
-    add_slice_item(out, i, std::move(suffix), "F32", v.data(), v.size(), 0, v.size(), {}, true);
-  }
-
-  template <class T>
-  void add_whole_q8_items(std::vector<detail::checkpoint_item>& out, std::size_t i, const std::string& suffix,
-                          std::vector<std::uint8_t>& codes, std::vector<T>& absmax) {
-    add_slice_item(out, i, suffix + ".codes", "U8", codes.data(), codes.size(), 0, codes.size(), {}, true);
-    add_slice_item(out, i, suffix + ".absmax", "F32", absmax.data(), absmax.size(), 0, absmax.size(), {}, true);
-  }
-
-  /// Every piece of state this rank holds, as checkpoint items.
-  std::vector<detail::checkpoint_item> checkpoint_items() {
-    std::vector<detail::checkpoint_item> out;
-    const auto tensors = layout_.tensors();
-    const auto& pieces = plan_.pieces();
-    std::string sdt = "U8";
-    if constexpr (!is_quantized) sdt = safetensors_dtype(dtype_of<state_type>);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const tensor_slot& t = tensors[i];
-      const detail::piece_range r = plan_.pieces_of(i);
-      if (r.empty()) continue;
-      const detail::shard_piece& p0 = pieces[r.first];
-      std::size_t count = 0;
-      for (std::size_t c = r.first; c < r.end; ++c) count += pieces[c].count;
-      const std::uint64_t first = p0.layout - t.offset;
-      add_slice_item(out, i, "param", safetensors_dtype(dtype_of<param_type>), params_.data() + p0.buffer, t.numel,
-                     first, count, t.shape);
-      if (uses_master()) {
-        add_slice_item(out, i, "master", "F32", master_.data() + p0.local, t.numel, first, count, t.shape);
-        out.back().save = out.back().save && master_ready_;
-        out.back().load = false;  // when the checkpoint has master weights (checkpoint_access decides)
-      }
-      for (int k = 0; k < slots_; ++k) {
-        const std::string slot = "state." + std::to_string(k);
-        if constexpr (projects) {
-          if (matrix_index_[i] >= 0) continue;  // its low-rank states: below
-        }
-        if constexpr (is_quantized) {
-          const q8_piece& q = q8_piece_[r.first];
-          if (q.quantized) {
-            add_slice_item(out, i, slot + ".codes", "U8", states_[k].data() + q.offset, t.numel, first, count, t.shape);
-            const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
-            add_slice_item(out, i, slot + ".absmax", "F32", absmax_[k].data() + q.offset / q8::block,
-                           (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
-          } else {
-            add_slice_item(out, i, slot, "F32", small_[k].data() + q.offset, t.numel, first, count, t.shape);
-          }
-        } else if constexpr (is_layerwise) {
-          if (!((lt_[i].slot_mask >> k) & 1u)) continue;
-          add_slice_item(out, i, slot, sdt, states_[k].data() + slot_offset_[r.first][static_cast<std::size_t>(k)],
-                         t.numel, first, count, t.shape);
-        } else if constexpr (projects) {
-          add_slice_item(out, i, slot, sdt, states_[k].data() + state_offset_[r.first], t.numel, first, count, t.shape);
-        } else {
-          add_slice_item(out, i, slot, sdt, states_[k].data() + p0.local, t.numel, first, count, t.shape);
-        }
-      }
-      if (!gnorm_vec_.empty())  // percentile clipping: the tensor's norm history (its holders' is exact)
-        add_slice_item(out, i, "clip_history", "F32", gnorm_vec_[i].data(), 100, 0, 100, {}, true);
-      if constexpr (is_layerwise) {
-        layer_tensor& lt = lt_[i];
-        if (lt.factored) {
-          if (!lt.row_state.empty()) add_whole_item(out, i, "row_states", lt.row_state);
-          if (!lt.col_state.empty()) add_whole_item(out, i, "col_states", lt.col_state);
-        }
-      }
-      if constexpr (projects) {
-        if (matrix_index_[i] >= 0) {
-          projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
-          for (int k = 0; k < 2; ++k) {
-            const std::string name = "projected." + std::to_string(k);
-            if (!pm.codes[k].empty()) add_whole_q8_items(out, i, name, pm.codes[k], pm.absmax[k]);
-            else add_whole_item(out, i, name, pm.state[k]);
-          }
-          // The projection: Q (m x r) and/or P (r x n); saved once computed, loaded when
-          // the checkpoint has it (into staging: set_ortho installs both at the end).
-          const auto side = pm.proj.side_for(pm.m, pm.n);
-          using side_t = decltype(side);
-          const std::int64_t rk = pm.proj.rank();
-          auto& staged = ortho_staging_[static_cast<std::size_t>(matrix_index_[i])];
-          const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
-                                                   side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
-          for (int k = 0; k < 2; ++k) {
-            if (sizes[k] == 0) continue;
-            detail::checkpoint_item it;
-            it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
-            it.dtype = "F32";
-            it.total = it.count = sizes[k];
-            it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
-            it.save = writes_tensor(i, true) && pm.proj.has_ortho();
-            it.load = false;  // optional: when the checkpoint has it
-            it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
-            it.install = [&staged, k, n = sizes[k]](std::span<const std::byte> b) {
-              staged[static_cast<std::size_t>(k)].resize(n);
-              std::memcpy(staged[static_cast<std::size_t>(k)].data(), b.data(), n * sizeof(float));
-              staged[2].resize(1);  // marks the matrix as staged
-            };
-            out.push_back(std::move(it));
-          }
-        }
-      }
-    }
-    return out;
-  }
-
-  /// What must match (identity) and what is restored (state) on load.
-  detail::checkpoint_scalars checkpoint_scalars() const {
-    detail::checkpoint_scalars s;
-    const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
-    id("policy", std::string(Policy::name));
-    if constexpr (is_quantized) id("encoding", "q8");
-    else id("encoding", std::string(dtype_name(dtype_of<state_type>)));
-    id("param_dtype", std::string(dtype_name(dtype_of<param_type>)));
-    id("grad_dtype", std::string(dtype_name(dtype_of<grad_type>)));
-    id("master_weights", uses_master() ? "true" : "false");
-    id("block_size", std::to_string(layout_.block_size()));
-    id("groups", std::to_string(groups_.size()));
-    id("state_slots", std::to_string(slots_));
-    if constexpr (is_quantized) id("min_8bit_size", std::to_string(options_.min_8bit_size));
-    id("percentile_clipping", std::to_string(options_.percentile_clipping));
-    id("loss_scaling", scaler_ ? "dynamic" : "off");
-    id("tensors", std::to_string(layout_.tensors().size()));
-    for (const tensor_slot& t : layout_.tensors()) id("tensor " + t.name, detail::describe_tensor(t));
-    const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
-    st("step", std::to_string(step_));
-    st("seed", std::to_string(options_.seed));
-    st("master_ready", master_ready_ ? "true" : "false");
-    std::string started;
-    for (std::size_t g = 0; g < groups_.size(); ++g) started += g < state_started_.size() && state_started_[g] ? '1' : '0';
-    st("state_started", started);
-    if (scaler_) {
-      st("loss_scale", detail::format_number(scaler_->scale()));
-      st("growth_tracker", std::to_string(scaler_->growth_tracker()));
-    }
-    for (std::size_t g = 0; g < groups_.size(); ++g)
-      st("group " + std::to_string(g), hyper_params_string<Policy>(groups_[g]));
-    return s;
-  }
-
-  /// Restores the state scalars (already checked to parse: checkpoint_access validates
-  /// them before any rank installs anything) and finishes what install staged.
-  void restore_checkpoint(const std::map<std::string, std::string, std::less<>>& st) {
-    step_ = std::stoll(st.at("step"));
-    options_.seed = std::stoull(st.at("seed"));
-    master_ready_ = st.at("master_ready") == "true";
-    const std::string& started = st.at("state_started");
-    state_started_.assign(groups_.size(), false);
-    for (std::size_t g = 0; g < groups_.size(); ++g) state_started_[g] = started[g] == '1';
-    if (scaler_) scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
-    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g] = parse_checkpoint_group(st.at("group " + std::to_string(g)));
-    if constexpr (is_layerwise) init_layerwise_geometry();
-    if constexpr (projects) {
-      for (std::size_t j = 0; j < matrices_.size(); ++j) {
-        projected_matrix& pm = matrices_[j];
-        auto& staged = ortho_staging_[j];
-        const hyper_params& h = groups_[static_cast<std::size_t>(layout_.tensors()[pm.tensor].group)];
-        pm.proj = projector_type(h);
-        if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
-        staged = {};
-      }
-    }
-    clip_.reset();
-    reduced_ = false;
-    if (is_sharded && comm_.size() > 1) gather_params();
-  }
-
-  /// The hyper-parameters of a group from their text form; throws std::invalid_argument.
-  static hyper_params parse_checkpoint_group(std::string_view text) {
-    hyper_params h;
-    while (!text.empty()) {
-      const std::size_t space = text.find(' ');
-      const std::string_view kv = text.substr(0, space);
-      const std::size_t eq = kv.find('=');
-      if (eq == std::string_view::npos) throw std::invalid_argument("hyper-parameter '" + std::string(kv) + "' has no '='");
-      set_hyper_param<Policy>(h, kv.substr(0, eq), kv.substr(eq + 1));
-      text = space == std::string_view::npos ? std::string_view() : text.substr(space + 1);
-    }
-    h.validate();
-    return h;
-  }
+  template <class, class>
+  friend struct detail::layer_engine;
 
   /// Elements per work item: a multiple of every block size, large enough to amortise a
   /// dispatch, small enough to balance threads.
@@ -1401,417 +1151,12 @@ class optimizer {
     return q;
   }
 
-  // ---------------------------------------------------------------------------------
-  // Layer-wise policies: statistics per tensor, row and column, summed exactly.
-  // ---------------------------------------------------------------------------------
-
-  /// One tensor of the layout as the layer-wise step sees it.
-  struct layer_tensor {
-    bool local = false;       // this rank holds part of it
-    bool factored = false;
-    bool straddles = false;   // its elements lie in more than one DP rank's shard
-    bool tp_split = false;    // split over the TP group (any axis)
-    bool tp_rows = false;     // its matrices' rows are split over TP (column sums need TP)
-    bool tp_cols = false;     // its matrices' columns are split over TP (row sums need TP)
-    unsigned slot_mask = 0;   // state slots kept for it
-    std::size_t matrices = 1, rows = 0, cols = 0;  // local geometry of a factored tensor
-    std::size_t first_piece = 0, end_piece = 0;
-    std::vector<float> row_state, col_state, row_values, col_values, values;
-    std::vector<detail::fixed_sum> tsum, rsum, csum;  // this phase, merged over items
-    std::vector<double> tsum_d, rsum_d, csum_d, totals;
-    tensor_stats view;
-  };
-  /// A run of one tensor's pieces, with its own accumulators (merged exactly afterwards).
-  struct layer_item {
-    std::size_t tensor = 0, piece_begin = 0, piece_end = 0;
-    std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
-    std::vector<detail::fixed_sum> tsum, rsum, csum;
-  };
-
-  static constexpr int layer_phases() {
-    if constexpr (policy_is_layerwise<Policy>) return static_cast<int>(Policy::phases.size());
-    else return 0;
-  }
-
-  /// Allocates the compact state slots, the factored states and the work items.
-  void init_layerwise() {
-    const auto tensors = layout_.tensors();
-    lt_.assign(tensors.size(), layer_tensor{});
-    const auto& pieces = plan_.pieces();
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const detail::piece_range r = plan_.pieces_of(i);
-      lt_[i].local = !r.empty();
-      lt_[i].first_piece = r.first;
-      lt_[i].end_piece = r.end;
-      lt_[i].straddles = plan_.straddles(i);
-    }
-    // Compact slot buffers: slot k holds the pieces of the tensors that keep it.
-    slot_offset_.assign(pieces.size(), {});
-    std::array<std::size_t, 4> size{};
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const hyper_params& h = groups_[static_cast<std::size_t>(tensors[i].group)];
-      lt_[i].factored = Policy::factored(h, tensors[i].shape);
-      for (int k = 0; k < Policy::max_state_slots; ++k)
-        if (k < slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
-    }
-    for (std::size_t c = 0; c < pieces.size(); ++c)
-      for (int k = 0; k < Policy::max_state_slots; ++k)
-        if ((lt_[pieces[c].tensor].slot_mask >> k) & 1u) {
-          slot_offset_[c][static_cast<std::size_t>(k)] = size[static_cast<std::size_t>(k)];
-          size[static_cast<std::size_t>(k)] += pieces[c].count;
-        }
-    for (int k = 0; k < slots_; ++k)
-      states_[k] = detail::buffer<state_type, Exec>(exec_, size[static_cast<std::size_t>(k)]);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (!t.local) continue;
-      const auto& shape = tensors[i].shape;
-      if (t.factored) {
-        t.cols = static_cast<std::size_t>(shape.back());
-        t.rows = static_cast<std::size_t>(shape[shape.size() - 2]);
-        t.matrices = tensors[i].numel / (t.rows * t.cols);
-      }
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      t.row_state.assign(static_cast<std::size_t>(Policy::row_states) * r, 0.0f);
-      t.col_state.assign(static_cast<std::size_t>(Policy::col_states) * c, 0.0f);
-      t.row_values.assign(static_cast<std::size_t>(Policy::row_values) * r, 0.0f);
-      t.col_values.assign(static_cast<std::size_t>(Policy::col_values) * c, 0.0f);
-      t.values.assign(static_cast<std::size_t>(Policy::tensor_values), 0.0f);
-      t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
-      // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
-      const std::size_t n = t.end_piece - t.first_piece;
-      const std::size_t per_item = std::max<std::size_t>(1, (n + 2 * exec_.concurrency() - 1) / (2 * exec_.concurrency()));
-      for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
-        layer_item it;
-        it.tensor = i;
-        it.piece_begin = a;
-        it.piece_end = std::min(t.end_piece, a + per_item);
-        if (t.factored) {
-          const std::size_t first = pieces[a].layout - tensors[i].offset;
-          const auto& last_piece = pieces[it.piece_end - 1];
-          const std::size_t last = last_piece.layout + last_piece.count - 1 - tensors[i].offset;
-          it.row_first = first / t.cols;
-          it.row_count = last / t.cols - it.row_first + 1;
-          it.col_first = first / (t.rows * t.cols) * t.cols;
-          it.col_count = (last / (t.rows * t.cols) + 1) * t.cols - it.col_first;
-        }
-        items_.push_back(std::move(it));
-      }
-    }
-    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
-    bucket_items_.assign(plan_.buckets().size() + 1, items_.size());
-    for (std::size_t k = plan_.buckets().size(); k-- > 0;)
-      for (std::size_t j = items_.size(); j-- > 0;)
-        if (items_[j].tensor >= plan_.buckets()[k].first_tensor && items_[j].tensor < plan_.buckets()[k].end_tensor)
-          bucket_items_[k] = j;
-    for (std::size_t k = plan_.buckets().size(); k-- > 0;)
-      bucket_items_[k] = std::min(bucket_items_[k], bucket_items_[k + 1]);
-    init_layerwise_geometry();
-  }
-
-  /// The global counts and TP axes of each tensor (again when a TP group is set).
-  void init_layerwise_geometry() {
-    const auto tensors = layout_.tensors();
-    const std::size_t tp = tp_ ? static_cast<std::size_t>(tp_->size()) : 1;
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      const tp_split split = tensors[i].tp;
-      t.tp_split = tp > 1 && split != tp_split::none;
-      t.tp_rows = t.tp_split && t.factored && split == tp_split::rows && tensors[i].shape.size() == 2;
-      t.tp_cols = t.tp_split && t.factored && split == tp_split::cols;
-      tensor_stats& v = t.view;
-      v.factored = t.factored;
-      v.numel = tensors[i].numel * (t.tp_split ? tp : 1);
-      v.matrices = t.matrices;
-      v.local_rows = t.rows;
-      v.local_cols = t.cols;
-      v.rows = t.rows * (t.tp_rows ? tp : 1);
-      v.cols = t.cols * (t.tp_cols ? tp : 1);
-      v.group = tensors[i].group;
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      for (int k = 0; k < Policy::row_states; ++k)
-        v.row_state[k] = std::span<float>(t.row_state).subspan(static_cast<std::size_t>(k) * r, r);
-      for (int k = 0; k < Policy::col_states; ++k)
-        v.col_state[k] = std::span<float>(t.col_state).subspan(static_cast<std::size_t>(k) * c, c);
-      for (int k = 0; k < Policy::row_values; ++k)
-        v.row_values[k] = std::span<float>(t.row_values).subspan(static_cast<std::size_t>(k) * r, r);
-      for (int k = 0; k < Policy::col_values; ++k)
-        v.col_values[k] = std::span<float>(t.col_values).subspan(static_cast<std::size_t>(k) * c, c);
-      for (int k = 0; k < Policy::row_states; ++k)
-        v.row_state_total[k] = std::span<const double>(t.totals).subspan(static_cast<std::size_t>(k) * t.matrices, t.matrices);
-      v.values = t.values;
-    }
-  }
-
-  shard_view<const state_type> layer_local_state(std::string_view name, int k) const {
-    const std::size_t i = index_of(name);
-    const layer_tensor& t = lt_[i];
-    if (!t.local || !((t.slot_mask >> k) & 1u)) return {};
-    const auto& pieces = plan_.pieces();
-    std::size_t n = 0;
-    for (std::size_t c = t.first_piece; c < t.end_piece; ++c) n += pieces[c].count;
-    return {std::span<const state_type>(states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], n),
-            pieces[t.first_piece].layout - layout_.tensors()[i].offset};
-  }
-
-  std::span<const float> factor_state(std::string_view name, int k, int count, bool rows) const {
-    if (k < 0 || k >= count)
-      throw std::out_of_range(std::string(Policy::name) + ": " + (rows ? "row" : "column") + " state " +
-                              std::to_string(k) + " does not exist (" + std::to_string(count) + ")");
-    const layer_tensor& t = lt_[index_of(name)];
-    return rows ? std::span<const float>(t.view.row_state[k]) : std::span<const float>(t.view.col_state[k]);
-  }
-
   void require_whole(std::string_view name, const char* what) const {
     if (is_sharded && comm_.size() > 1)
       throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " +
                              std::string(what) + " of '" + std::string(name) + "'; use local_" + what);
   }
 
-  template <class G>
-  void run_layer_step(const G* grads, float grad_scale) {
-    wait_pending();  // every bucket's reduction: phase 0 reads all of them
-    std::vector<typename Policy::scalars> sc;
-    for (std::size_t g = 0; g < groups_.size(); ++g) sc.push_back(Policy::prepare(groups_[g], step_info{step_, step_ == 1}));
-    const std::uint64_t key = detail::splitmix64_finalise(
-        options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)));
-    [&]<int... P>(std::integer_sequence<int, P...>) {
-      ((uses_master() ? layer_phase<P, mode_for(true)>(sc, grads, grad_scale, key)
-                      : layer_phase<P, mode_for(false)>(sc, grads, grad_scale, key)),
-       ...);
-    }(std::make_integer_sequence<int, layer_phases()>{});
-  }
-
-  template <int P, detail::param_mode Mode, class G>
-  void run_item(const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
-                layer_item& it) {
-    const layer_tensor& t = lt_[it.tensor];
-    const tensor_slot& ts = layout_.tensors()[it.tensor];
-    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
-    const auto& pieces = plan_.pieces();
-    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
-      const detail::shard_piece& pc = pieces[c];
-      detail::layer_args<param_type, G, state_type> a{};
-      a.param = params_.data() + pc.buffer;
-      a.grad = grads + (local ? pc.local : pc.buffer);
-      a.master = uses_master() ? master_.data() + pc.local : nullptr;
-      // Slots this tensor does not keep: read zeros, write to this thread's scratch.
-      thread_local std::vector<state_type> scratch;
-      if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
-      for (int k = 0; k < Policy::max_state_slots; ++k) {
-        const bool kept = (t.slot_mask >> k) & 1u;
-        a.state_out[k] = kept ? states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : scratch.data();
-        a.state_in[k] = kept ? a.state_out[k] : detail::zero_states<state_type, chunk_elems>();
-      }
-      a.grad_scale = grad_scale;
-      a.random_key = key;
-      a.random_base = pc.layout;
-      a.first = pc.layout - ts.offset;
-      a.cols = t.cols;
-      a.matrix = t.rows * t.cols;
-      a.block = layout_.block_size();
-      a.tensor_values = t.values.data();
-      for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = t.view.row_values[k].data();
-      for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = t.view.col_values[k].data();
-      a.tensor_sums = it.tsum.data();
-      a.row_sums = it.rsum.data();
-      a.col_sums = it.csum.data();
-      a.row_first = it.row_first;
-      a.row_count = it.row_count;
-      a.col_first = it.col_first;
-      a.col_count = it.col_count;
-      if (t.factored) detail::layer_range<Policy, P, true, Mode>(sc, a, pc.count);
-      else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
-    }
-  }
-
-  /// One phase: the element pass over this rank's pieces, the exact sums merged over
-  /// items, reduced over the DP ranks sharing each tensor and over the TP group, then
-  /// the policy's host hooks for every tensor this rank holds part of.
-  template <int P, detail::param_mode Mode, class G>
-  void layer_phase(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
-                   std::uint64_t key) {
-    constexpr phase_spec spec = Policy::phases[P];
-    constexpr bool last = P + 1 == layer_phases();
-    for (layer_item& it : items_) {
-      const bool f = lt_[it.tensor].factored;
-      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
-      it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
-    }
-    const auto run = [&](std::size_t begin, std::size_t end) {
-      exec_.parallel_for(end - begin, [&](std::size_t j) {
-        layer_item& it = items_[begin + j];
-        run_item<P, Mode>(sc[static_cast<std::size_t>(layout_.tensors()[it.tensor].group)], grads, grad_scale, key, it);
-      });
-    };
-    if constexpr (last) {
-      for (std::size_t k = 0; k < plan_.buckets().size(); ++k) {
-        run(bucket_items_[k], bucket_items_[k + 1]);
-        if (options_.gather_params) start_gather(k, true);
-      }
-    } else {
-      run(0, items_.size());
-    }
-    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>();
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (!t.local) continue;
-      const auto& h = groups_[static_cast<std::size_t>(layout_.tensors()[i].group)];
-      const auto& s = sc[static_cast<std::size_t>(layout_.tensors()[i].group)];
-      if constexpr (requires { Policy::template update_factors<P>(h, s, t.view); })
-        Policy::template update_factors<P>(h, s, t.view);
-    }
-    if constexpr (spec.row_state_totals && Policy::row_states > 0) row_state_totals();
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (!t.local) continue;
-      const std::size_t g = static_cast<std::size_t>(layout_.tensors()[i].group);
-      Policy::template finish<P>(groups_[g], sc[g], t.view);
-    }
-  }
-
-  /// Merges the items' sums per tensor, all-reduces them (DP: the tensors cut over ranks;
-  /// TP: the split tensors, along the split axis only) and converts them to double.
-  template <int P>
-  void reduce_layer_sums() {
-    constexpr phase_spec spec = Policy::phases[P];
-    constexpr std::size_t W = detail::fixed_sum::wire_size;
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      t.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0, {});
-      t.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0, {});
-    }
-    for (const layer_item& it : items_) {
-      layer_tensor& t = lt_[it.tensor];
-      for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
-        for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
-      for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
-        for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
-    }
-    // Which sums travel where: the same list, in layout order, on every rank of the group.
-    const auto for_each_sum = [&](auto&& select, auto&& f) {
-      for (layer_tensor& t : lt_) {
-        bool tensor = false, rows = false, cols = false;
-        select(t, tensor, rows, cols);
-        if (tensor) for (detail::fixed_sum& x : t.tsum) f(x);
-        if (rows) for (detail::fixed_sum& x : t.rsum) f(x);
-        if (cols) for (detail::fixed_sum& x : t.csum) f(x);
-      }
-    };
-    const auto pack = [&](auto& wire, auto&& select) {
-      std::size_t n = 0;
-      for_each_sum(select, [&](detail::fixed_sum&) { ++n; });
-      wire.values.assign(n * W, 0.0);
-      n = 0;
-      for_each_sum(select, [&](detail::fixed_sum& f) { f.to_wire(wire.values.data() + W * n++); });
-    };
-    const auto unpack = [&](auto& wire, auto&& select) {
-      std::size_t n = 0;
-      for_each_sum(select, [&](detail::fixed_sum& f) { f = detail::fixed_sum::from_wire(wire.values.data() + W * n++); });
-    };
-    // DP: tensors whose elements several ranks hold. Every rank packs every such tensor
-    // (zeros where it holds none), so the lists agree; sizes come from the layout.
-    if (is_sharded && comm_.size() > 1) {
-      const auto dp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
-        tensor = rows = cols = t.straddles;
-      };
-      ensure_sizes_for_wire<P>();
-      stat_wire<dp_axis> wire;
-      pack(wire, dp_select);
-      axis_group<Comm, dp_axis> dp{&comm_};
-      stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(dp, wire);
-      unpack(wire, dp_select);
-    }
-    if (tp_ && tp_->size() > 1) {
-      const auto tp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
-        tensor = t.tp_split;
-        rows = t.tp_cols;  // a row sums over columns, which the TP ranks split
-        cols = t.tp_rows;
-      };
-      stat_wire<tp_axis> wire;
-      pack(wire, tp_select);
-      axis_group<Comm, tp_axis> tp{&*tp_};
-      stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(tp, wire);
-      unpack(wire, tp_select);
-    }
-    for (layer_tensor& t : lt_) {
-      if (!t.local) continue;
-      const auto convert = [](const std::vector<detail::fixed_sum>& in, std::vector<double>& out) {
-        out.resize(in.size());
-        for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
-      };
-      convert(t.tsum, t.tsum_d);
-      convert(t.rsum, t.rsum_d);
-      convert(t.csum, t.csum_d);
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      t.view.sums = t.tsum_d;
-      for (int k = 0; k < 4; ++k) {
-        t.view.row_sums[k] = k < spec.row_sums && t.factored ? std::span<const double>(t.rsum_d).subspan(k * r, r) : std::span<const double>();
-        t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
-      }
-    }
-  }
-
-  /// Non-local tensors still take part in the DP wire with zeros: give them the right
-  /// number of (empty) sums. Their geometry comes from the layout alone.
-  template <int P>
-  void ensure_sizes_for_wire() {
-    constexpr phase_spec spec = Policy::phases[P];
-    const auto tensors = layout_.tensors();
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (t.local || !t.straddles) continue;
-      std::size_t matrices = 1, rows = 0, cols = 0;
-      if (t.factored) {
-        const auto& shape = tensors[i].shape;
-        cols = static_cast<std::size_t>(shape.back());
-        rows = static_cast<std::size_t>(shape[shape.size() - 2]);
-        matrices = tensors[i].numel / (rows * cols);
-      }
-      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      t.rsum.assign(static_cast<std::size_t>(spec.row_sums) * matrices * rows, {});
-      t.csum.assign(static_cast<std::size_t>(spec.col_sums) * matrices * cols, {});
-    }
-  }
-
-  /// Per matrix, the exact sum over its rows of every row state, over the TP group when
-  /// the rows are split.
-  void row_state_totals() {
-    constexpr std::size_t W = detail::fixed_sum::wire_size;
-    std::vector<std::vector<detail::fixed_sum>> sums(lt_.size());
-    stat_wire<tp_axis> wire;
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (!t.local || !t.factored) continue;
-      sums[i].assign(static_cast<std::size_t>(Policy::row_states) * t.matrices, {});
-      for (int k = 0; k < Policy::row_states; ++k)
-        for (std::size_t b = 0; b < t.matrices; ++b)
-          for (std::size_t r = 0; r < t.rows; ++r)
-            sums[i][static_cast<std::size_t>(k) * t.matrices + b].add(t.view.row_state[k][b * t.rows + r]);
-      if (t.tp_rows)
-        for (const detail::fixed_sum& f : sums[i]) {
-          wire.values.resize(wire.values.size() + W);
-          f.to_wire(wire.values.data() + wire.values.size() - W);
-        }
-    }
-    if (tp_ && !wire.values.empty()) {
-      axis_group<Comm, tp_axis> tp{&*tp_};
-      stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(tp, wire);
-      std::size_t n = 0;
-      for (std::size_t i = 0; i < lt_.size(); ++i)
-        if (lt_[i].local && lt_[i].tp_rows)
-          for (detail::fixed_sum& f : sums[i]) f = detail::fixed_sum::from_wire(wire.values.data() + W * n++);
-    }
-    for (std::size_t i = 0; i < lt_.size(); ++i)
-      for (std::size_t k = 0; k < sums[i].size(); ++k) lt_[i].totals[k] = sums[i][k].value();
-  }
 
   layout layout_;
   std::vector<hyper_params> groups_;
@@ -1852,12 +1197,8 @@ class optimizer {
   bool reduced_ = false;  // grads reduced since the last step
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
-  // Layer-wise policies only.
-  std::vector<layer_tensor> lt_;
-  std::vector<layer_item> items_;
-  std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
-  std::vector<std::array<std::size_t, 4>> slot_offset_;   // per piece: offset in each compact slot buffer
-  std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
+  // Layer-wise policies only (detail/layer_engine.hpp).
+  std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type>, detail::no_engine> layer_;
 };
 
 }  // namespace distopt

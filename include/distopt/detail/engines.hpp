@@ -1,0 +1,24 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The parts of distopt::optimizer that only some policies and encodings use, each
+/// defined in its own header and included by the header that names what needs it:
+///   layer_engine       detail/layer_engine.hpp       (layer-wise policies: lamb.hpp, adafactor.hpp, came.hpp)
+/// An optimizer that does not need a part holds a no_engine in its place and never parses
+/// or compiles it.
+
+#include <type_traits>
+
+namespace distopt::detail {
+
+struct no_engine {};
+
+struct layer_engine_tag {};
+template <class Policy, class State>
+struct layer_engine;
+
+/// True once the header defining the engine `Tag` is included (each one specialises it).
+template <class Policy, class Tag>
+struct engine_included : std::false_type {};
+
+}  // namespace distopt::detail

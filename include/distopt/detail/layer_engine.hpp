@@ -1,0 +1,490 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The layer-wise engine of distopt::optimizer (Lamb, Adafactor, CAME and any policy
+/// that declares phases): statistics per tensor, row and column, summed exactly over
+/// threads, DP shards and TP ranks. The policy headers that need it include it; an
+/// element-wise optimizer never parses it.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../comm/axis.hpp"
+#include "../layerwise.hpp"
+#include "../layout/registry.hpp"
+#include "../memory_report.hpp"
+#include "../shard_view.hpp"
+#include "../step_info.hpp"
+#include "../types/rounding.hpp"
+#include "buffer.hpp"
+#include "engines.hpp"
+#include "fixed_sum.hpp"
+#include "layer_loop.hpp"
+#include "shard_plan.hpp"
+#include "update_loop.hpp"
+
+namespace distopt::detail {
+
+/// The layer-wise part of an optimizer<Policy, ...> with states of type State. Its
+/// functions take the optimizer (whose friend it is) for the buffers, plan and groups.
+template <class Policy, class State>
+struct layer_engine {
+  /// One tensor of the layout as the layer-wise step sees it.
+  struct layer_tensor {
+    bool local = false;       // this rank holds part of it
+    bool factored = false;
+    bool straddles = false;   // its elements lie in more than one DP rank's shard
+    bool tp_split = false;    // split over the TP group (any axis)
+    bool tp_rows = false;     // its matrices' rows are split over TP (column sums need TP)
+    bool tp_cols = false;     // its matrices' columns are split over TP (row sums need TP)
+    unsigned slot_mask = 0;   // state slots kept for it
+    std::size_t matrices = 1, rows = 0, cols = 0;  // local geometry of a factored tensor
+    std::size_t first_piece = 0, end_piece = 0;
+    std::vector<float> row_state, col_state, row_values, col_values, values;
+    std::vector<detail::fixed_sum> tsum, rsum, csum;  // this phase, merged over items
+    std::vector<double> tsum_d, rsum_d, csum_d, totals;
+    tensor_stats view;
+  };
+  /// A run of one tensor's pieces, with its own accumulators (merged exactly afterwards).
+  struct layer_item {
+    std::size_t tensor = 0, piece_begin = 0, piece_end = 0;
+    std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
+    std::vector<detail::fixed_sum> tsum, rsum, csum;
+  };
+
+  static constexpr int layer_phases() {
+    if constexpr (policy_is_layerwise<Policy>) return static_cast<int>(Policy::phases.size());
+    else return 0;
+  }
+
+  /// Allocates the compact state slots, the factored states and the work items.
+  template <class Opt>
+  void init(Opt& o) {
+    const auto tensors = o.layout_.tensors();
+    lt_.assign(tensors.size(), layer_tensor{});
+    const auto& pieces = o.plan_.pieces();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const detail::piece_range r = o.plan_.pieces_of(i);
+      lt_[i].local = !r.empty();
+      lt_[i].first_piece = r.first;
+      lt_[i].end_piece = r.end;
+      lt_[i].straddles = o.plan_.straddles(i);
+    }
+    // Compact slot buffers: slot k holds the pieces of the tensors that keep it.
+    slot_offset_.assign(pieces.size(), {});
+    std::array<std::size_t, 4> size{};
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const typename Policy::hyper_params& h = o.groups_[static_cast<std::size_t>(tensors[i].group)];
+      lt_[i].factored = Policy::factored(h, tensors[i].shape);
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        if (k < o.slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
+    }
+    for (std::size_t c = 0; c < pieces.size(); ++c)
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        if ((lt_[pieces[c].tensor].slot_mask >> k) & 1u) {
+          slot_offset_[c][static_cast<std::size_t>(k)] = size[static_cast<std::size_t>(k)];
+          size[static_cast<std::size_t>(k)] += pieces[c].count;
+        }
+    for (int k = 0; k < o.slots_; ++k)
+      o.states_[k] = detail::buffer<State, typename Opt::executor_type>(o.exec_, size[static_cast<std::size_t>(k)]);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const auto& shape = tensors[i].shape;
+      if (t.factored) {
+        t.cols = static_cast<std::size_t>(shape.back());
+        t.rows = static_cast<std::size_t>(shape[shape.size() - 2]);
+        t.matrices = tensors[i].numel / (t.rows * t.cols);
+      }
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      t.row_state.assign(static_cast<std::size_t>(Policy::row_states) * r, 0.0f);
+      t.col_state.assign(static_cast<std::size_t>(Policy::col_states) * c, 0.0f);
+      t.row_values.assign(static_cast<std::size_t>(Policy::row_values) * r, 0.0f);
+      t.col_values.assign(static_cast<std::size_t>(Policy::col_values) * c, 0.0f);
+      t.values.assign(static_cast<std::size_t>(Policy::tensor_values), 0.0f);
+      t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
+      // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
+      const std::size_t n = t.end_piece - t.first_piece;
+      const std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
+      for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
+        layer_item it;
+        it.tensor = i;
+        it.piece_begin = a;
+        it.piece_end = std::min(t.end_piece, a + per_item);
+        if (t.factored) {
+          const std::size_t first = pieces[a].layout - tensors[i].offset;
+          const auto& last_piece = pieces[it.piece_end - 1];
+          const std::size_t last = last_piece.layout + last_piece.count - 1 - tensors[i].offset;
+          it.row_first = first / t.cols;
+          it.row_count = last / t.cols - it.row_first + 1;
+          it.col_first = first / (t.rows * t.cols) * t.cols;
+          it.col_count = (last / (t.rows * t.cols) + 1) * t.cols - it.col_first;
+        }
+        items_.push_back(std::move(it));
+      }
+    }
+    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
+    bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
+    for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
+      for (std::size_t j = items_.size(); j-- > 0;)
+        if (items_[j].tensor >= o.plan_.buckets()[k].first_tensor && items_[j].tensor < o.plan_.buckets()[k].end_tensor)
+          bucket_items_[k] = j;
+    for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
+      bucket_items_[k] = std::min(bucket_items_[k], bucket_items_[k + 1]);
+    init_geometry(o);
+  }
+
+  /// The global counts and TP axes of each tensor (again when a TP group is set).
+  template <class Opt>
+  void init_geometry(Opt& o) {
+    const auto tensors = o.layout_.tensors();
+    const std::size_t tp = o.tp_ ? static_cast<std::size_t>(o.tp_->size()) : 1;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      const tp_split split = tensors[i].tp;
+      t.tp_split = tp > 1 && split != tp_split::none;
+      t.tp_rows = t.tp_split && t.factored && split == tp_split::rows && tensors[i].shape.size() == 2;
+      t.tp_cols = t.tp_split && t.factored && split == tp_split::cols;
+      tensor_stats& v = t.view;
+      v.factored = t.factored;
+      v.numel = tensors[i].numel * (t.tp_split ? tp : 1);
+      v.matrices = t.matrices;
+      v.local_rows = t.rows;
+      v.local_cols = t.cols;
+      v.rows = t.rows * (t.tp_rows ? tp : 1);
+      v.cols = t.cols * (t.tp_cols ? tp : 1);
+      v.group = tensors[i].group;
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      for (int k = 0; k < Policy::row_states; ++k)
+        v.row_state[k] = std::span<float>(t.row_state).subspan(static_cast<std::size_t>(k) * r, r);
+      for (int k = 0; k < Policy::col_states; ++k)
+        v.col_state[k] = std::span<float>(t.col_state).subspan(static_cast<std::size_t>(k) * c, c);
+      for (int k = 0; k < Policy::row_values; ++k)
+        v.row_values[k] = std::span<float>(t.row_values).subspan(static_cast<std::size_t>(k) * r, r);
+      for (int k = 0; k < Policy::col_values; ++k)
+        v.col_values[k] = std::span<float>(t.col_values).subspan(static_cast<std::size_t>(k) * c, c);
+      for (int k = 0; k < Policy::row_states; ++k)
+        v.row_state_total[k] = std::span<const double>(t.totals).subspan(static_cast<std::size_t>(k) * t.matrices, t.matrices);
+      v.values = t.values;
+    }
+  }
+
+  template <class Opt>
+  shard_view<const State> local_state(const Opt& o, std::string_view name, int k) const {
+    const std::size_t i = o.index_of(name);
+    const layer_tensor& t = lt_[i];
+    if (!t.local || !((t.slot_mask >> k) & 1u)) return {};
+    const auto& pieces = o.plan_.pieces();
+    std::size_t n = 0;
+    for (std::size_t c = t.first_piece; c < t.end_piece; ++c) n += pieces[c].count;
+    return {std::span<const State>(o.states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], n),
+            pieces[t.first_piece].layout - o.layout_.tensors()[i].offset};
+  }
+
+  template <class Opt>
+  std::span<const float> factor_state(const Opt& o, std::string_view name, int k, int count, bool rows) const {
+    if (k < 0 || k >= count)
+      throw std::out_of_range(std::string(Policy::name) + ": " + (rows ? "row" : "column") + " state " +
+                              std::to_string(k) + " does not exist (" + std::to_string(count) + ")");
+    const layer_tensor& t = lt_[o.index_of(name)];
+    return rows ? std::span<const float>(t.view.row_state[k]) : std::span<const float>(t.view.col_state[k]);
+  }
+
+  template <class Opt, class G>
+  void step(Opt& o, const G* grads, float grad_scale) {
+    o.wait_pending();  // every bucket's reduction: phase 0 reads all of them
+    std::vector<typename Policy::scalars> sc;
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) sc.push_back(Policy::prepare(o.groups_[g], step_info{o.step_, o.step_ == 1}));
+    const std::uint64_t key = detail::splitmix64_finalise(
+        o.options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(o.step_)));
+    [&]<int... P>(std::integer_sequence<int, P...>) {
+      ((o.uses_master() ? layer_phase<P, Opt::mode_for(true)>(o, sc, grads, grad_scale, key)
+                      : layer_phase<P, Opt::mode_for(false)>(o, sc, grads, grad_scale, key)),
+       ...);
+    }(std::make_integer_sequence<int, layer_phases()>{});
+  }
+
+  template <int P, detail::param_mode Mode, class Opt, class G>
+  void run_item(Opt& o, const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
+                layer_item& it) {
+    const layer_tensor& t = lt_[it.tensor];
+    const tensor_slot& ts = o.layout_.tensors()[it.tensor];
+    const bool local = std::is_same_v<G, float> && o.reduces_in_fp32();
+    const auto& pieces = o.plan_.pieces();
+    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
+      const detail::shard_piece& pc = pieces[c];
+      detail::layer_args<typename Opt::param_type, G, State> a{};
+      a.param = o.params_.data() + pc.buffer;
+      a.grad = grads + (local ? pc.local : pc.buffer);
+      a.master = o.uses_master() ? o.master_.data() + pc.local : nullptr;
+      // Slots this tensor does not keep: read zeros, write to this thread's scratch.
+      thread_local std::vector<State> scratch;
+      if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
+      for (int k = 0; k < Policy::max_state_slots; ++k) {
+        const bool kept = (t.slot_mask >> k) & 1u;
+        a.state_out[k] = kept ? o.states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : scratch.data();
+        a.state_in[k] = kept ? a.state_out[k] : detail::zero_states<State, Opt::chunk_elems>();
+      }
+      a.grad_scale = grad_scale;
+      a.random_key = key;
+      a.random_base = pc.layout;
+      a.first = pc.layout - ts.offset;
+      a.cols = t.cols;
+      a.matrix = t.rows * t.cols;
+      a.block = o.layout_.block_size();
+      a.tensor_values = t.values.data();
+      for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = t.view.row_values[k].data();
+      for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = t.view.col_values[k].data();
+      a.tensor_sums = it.tsum.data();
+      a.row_sums = it.rsum.data();
+      a.col_sums = it.csum.data();
+      a.row_first = it.row_first;
+      a.row_count = it.row_count;
+      a.col_first = it.col_first;
+      a.col_count = it.col_count;
+      if (t.factored) detail::layer_range<Policy, P, true, Mode>(sc, a, pc.count);
+      else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
+    }
+  }
+
+  /// One phase: the element pass over this rank's pieces, the exact sums merged over
+  /// items, reduced over the DP ranks sharing each tensor and over the TP group, then
+  /// the policy's host hooks for every tensor this rank holds part of.
+  template <int P, detail::param_mode Mode, class Opt, class G>
+  void layer_phase(Opt& o, const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
+                   std::uint64_t key) {
+    constexpr phase_spec spec = Policy::phases[P];
+    constexpr bool last = P + 1 == layer_phases();
+    for (layer_item& it : items_) {
+      const bool f = lt_[it.tensor].factored;
+      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
+      it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
+    }
+    const auto run = [&](std::size_t begin, std::size_t end) {
+      o.exec_.parallel_for(end - begin, [&](std::size_t j) {
+        layer_item& it = items_[begin + j];
+        run_item<P, Mode>(o, sc[static_cast<std::size_t>(o.layout_.tensors()[it.tensor].group)], grads, grad_scale, key, it);
+      });
+    };
+    if constexpr (last) {
+      for (std::size_t k = 0; k < o.plan_.buckets().size(); ++k) {
+        run(bucket_items_[k], bucket_items_[k + 1]);
+        if (o.options_.gather_params) o.start_gather(k, true);
+      }
+    } else {
+      run(0, items_.size());
+    }
+    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>(o);
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const auto& h = o.groups_[static_cast<std::size_t>(o.layout_.tensors()[i].group)];
+      const auto& s = sc[static_cast<std::size_t>(o.layout_.tensors()[i].group)];
+      if constexpr (requires { Policy::template update_factors<P>(h, s, t.view); })
+        Policy::template update_factors<P>(h, s, t.view);
+    }
+    if constexpr (spec.row_state_totals && Policy::row_states > 0) row_state_totals(o);
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) continue;
+      const std::size_t g = static_cast<std::size_t>(o.layout_.tensors()[i].group);
+      Policy::template finish<P>(o.groups_[g], sc[g], t.view);
+    }
+  }
+
+  /// Merges the items' sums per tensor, all-reduces them (DP: the tensors cut over ranks;
+  /// TP: the split tensors, along the split axis only) and converts them to double.
+  template <int P, class Opt>
+  void reduce_layer_sums(Opt& o) {
+    constexpr phase_spec spec = Policy::phases[P];
+    constexpr std::size_t W = detail::fixed_sum::wire_size;
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      t.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0, {});
+      t.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0, {});
+    }
+    for (const layer_item& it : items_) {
+      layer_tensor& t = lt_[it.tensor];
+      for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
+        for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
+      for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
+        for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
+    }
+    // Which sums travel where: the same list, in layout order, on every rank of the group.
+    const auto for_each_sum = [&](auto&& select, auto&& f) {
+      for (layer_tensor& t : lt_) {
+        bool tensor = false, rows = false, cols = false;
+        select(t, tensor, rows, cols);
+        if (tensor) for (detail::fixed_sum& x : t.tsum) f(x);
+        if (rows) for (detail::fixed_sum& x : t.rsum) f(x);
+        if (cols) for (detail::fixed_sum& x : t.csum) f(x);
+      }
+    };
+    const auto pack = [&](auto& wire, auto&& select) {
+      std::size_t n = 0;
+      for_each_sum(select, [&](detail::fixed_sum&) { ++n; });
+      wire.values.assign(n * W, 0.0);
+      n = 0;
+      for_each_sum(select, [&](detail::fixed_sum& f) { f.to_wire(wire.values.data() + W * n++); });
+    };
+    const auto unpack = [&](auto& wire, auto&& select) {
+      std::size_t n = 0;
+      for_each_sum(select, [&](detail::fixed_sum& f) { f = detail::fixed_sum::from_wire(wire.values.data() + W * n++); });
+    };
+    // DP: tensors whose elements several ranks hold. Every rank packs every such tensor
+    // (zeros where it holds none), so the lists agree; sizes come from the layout.
+    if (Opt::is_sharded && o.comm_.size() > 1) {
+      const auto dp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
+        tensor = rows = cols = t.straddles;
+      };
+      ensure_sizes_for_wire<P>(o);
+      stat_wire<dp_axis> wire;
+      pack(wire, dp_select);
+      axis_group<typename Opt::comm_type, dp_axis> dp{&o.comm_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(dp, wire);
+      unpack(wire, dp_select);
+    }
+    if (o.tp_ && o.tp_->size() > 1) {
+      const auto tp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
+        tensor = t.tp_split;
+        rows = t.tp_cols;  // a row sums over columns, which the TP ranks split
+        cols = t.tp_rows;
+      };
+      stat_wire<tp_axis> wire;
+      pack(wire, tp_select);
+      axis_group<typename Opt::comm_type, tp_axis> tp{&*o.tp_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(tp, wire);
+      unpack(wire, tp_select);
+    }
+    for (layer_tensor& t : lt_) {
+      if (!t.local) continue;
+      const auto convert = [](const std::vector<detail::fixed_sum>& in, std::vector<double>& out) {
+        out.resize(in.size());
+        for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
+      };
+      convert(t.tsum, t.tsum_d);
+      convert(t.rsum, t.rsum_d);
+      convert(t.csum, t.csum_d);
+      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+      t.view.sums = t.tsum_d;
+      for (int k = 0; k < 4; ++k) {
+        t.view.row_sums[k] = k < spec.row_sums && t.factored ? std::span<const double>(t.rsum_d).subspan(k * r, r) : std::span<const double>();
+        t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
+      }
+    }
+  }
+
+  /// Non-local tensors still take part in the DP wire with zeros: give them the right
+  /// number of (empty) sums. Their geometry comes from the layout alone.
+  template <int P, class Opt>
+  void ensure_sizes_for_wire(Opt& o) {
+    constexpr phase_spec spec = Policy::phases[P];
+    const auto tensors = o.layout_.tensors();
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (t.local || !t.straddles) continue;
+      std::size_t matrices = 1, rows = 0, cols = 0;
+      if (t.factored) {
+        const auto& shape = tensors[i].shape;
+        cols = static_cast<std::size_t>(shape.back());
+        rows = static_cast<std::size_t>(shape[shape.size() - 2]);
+        matrices = tensors[i].numel / (rows * cols);
+      }
+      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      t.rsum.assign(static_cast<std::size_t>(spec.row_sums) * matrices * rows, {});
+      t.csum.assign(static_cast<std::size_t>(spec.col_sums) * matrices * cols, {});
+    }
+  }
+
+  /// Per matrix, the exact sum over its rows of every row state, over the TP group when
+  /// the rows are split.
+  template <class Opt>
+  void row_state_totals(Opt& o) {
+    constexpr std::size_t W = detail::fixed_sum::wire_size;
+    std::vector<std::vector<detail::fixed_sum>> sums(lt_.size());
+    stat_wire<tp_axis> wire;
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local || !t.factored) continue;
+      sums[i].assign(static_cast<std::size_t>(Policy::row_states) * t.matrices, {});
+      for (int k = 0; k < Policy::row_states; ++k)
+        for (std::size_t b = 0; b < t.matrices; ++b)
+          for (std::size_t r = 0; r < t.rows; ++r)
+            sums[i][static_cast<std::size_t>(k) * t.matrices + b].add(t.view.row_state[k][b * t.rows + r]);
+      if (t.tp_rows)
+        for (const detail::fixed_sum& f : sums[i]) {
+          wire.values.resize(wire.values.size() + W);
+          f.to_wire(wire.values.data() + wire.values.size() - W);
+        }
+    }
+    if (o.tp_ && !wire.values.empty()) {
+      axis_group<typename Opt::comm_type, tp_axis> tp{&*o.tp_};
+      stat_bytes_ += wire.values.size() * sizeof(double);
+      all_reduce_stats(tp, wire);
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < lt_.size(); ++i)
+        if (lt_[i].local && lt_[i].tp_rows)
+          for (detail::fixed_sum& f : sums[i]) f = detail::fixed_sum::from_wire(wire.values.data() + W * n++);
+    }
+    for (std::size_t i = 0; i < lt_.size(); ++i)
+      for (std::size_t k = 0; k < sums[i].size(); ++k) lt_[i].totals[k] = sums[i][k].value();
+  }
+
+  /// set_hyper: the new hyper-parameters of group `g` must not need a slot a tensor lacks.
+  template <class Opt>
+  void check_hyper(const Opt& o, int g, const typename Policy::hyper_params& h) const {
+    const auto tensors = o.layout_.tensors();
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].group != g) continue;
+      for (int k = 0; k < Policy::max_state_slots; ++k)
+        if (k < Policy::state_slots(h) && Policy::uses_slot(h, k, lt_[i].factored) && !((lt_[i].slot_mask >> k) & 1u))
+          throw std::invalid_argument(std::string(Policy::name) + ": these hyper-parameters need state slot " +
+                                      std::to_string(k) + " for '" + tensors[i].name + "', which was not allocated");
+    }
+  }
+
+  /// Memory report: the compact slot buffers (only the tensors that keep the slot), and
+  /// the factored row / column states every rank holding part of a factored tensor keeps
+  /// whole, and the statistics.
+  template <class Opt>
+  void add_memory(const Opt& o, memory_report& r) const {
+    for (int k = 0; k < o.slots_; ++k)
+      if (o.states_[k].bytes() != 0) r.entries.push_back({"state " + std::to_string(k), o.states_[k].bytes()});
+    std::size_t rows = 0, cols = 0, stats = 0;
+    for (const auto& t : lt_) {
+      rows += t.row_state.size() * sizeof(float);
+      cols += t.col_state.size() * sizeof(float);
+      stats += (t.row_values.size() + t.col_values.size() + t.values.size()) * sizeof(float);
+    }
+    if (rows) r.entries.push_back({"state rows", rows});
+    if (cols) r.entries.push_back({"state cols", cols});
+    r.entries.push_back({"statistics", stats});
+  }
+
+  std::vector<layer_tensor> lt_;
+  std::vector<layer_item> items_;
+  std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
+  std::vector<std::array<std::size_t, 4>> slot_offset_;   // per piece: offset in each compact slot buffer
+  std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
+};
+
+/// Marks the layer-wise engine as included (optimizer.hpp checks it with a clear message).
+template <class Policy>
+struct engine_included<Policy, layer_engine_tag> : std::true_type {};
+
+}  // namespace distopt::detail
