@@ -482,24 +482,24 @@ struct checkpoint_access {
       for (int k = 0; k < o.slots_; ++k) {
         const std::string slot = "state." + std::to_string(k);
         if constexpr (Opt::projects) {
-          if (o.matrix_index_[i] >= 0) continue;  // its low-rank states: below
+          if (o.proj_.matrix_index_[i] >= 0) continue;  // its low-rank states: below
         }
         if constexpr (Opt::is_quantized) {
-          const auto& q = o.q8_piece_[r.first];
+          const auto& q = o.q8_.pieces_[r.first];
           if (q.quantized) {
             add_slice_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
             const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
-            add_slice_item(o, out, i, slot + ".absmax", "F32", o.absmax_[k].data() + q.offset / q8::block,
+            add_slice_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block,
                            (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
           } else {
-            add_slice_item(o, out, i, slot, "F32", o.small_[k].data() + q.offset, t.numel, first, count, t.shape);
+            add_slice_item(o, out, i, slot, "F32", o.q8_.small_[k].data() + q.offset, t.numel, first, count, t.shape);
           }
         } else if constexpr (Opt::is_layerwise) {
           if (!((o.layer_.lt_[i].slot_mask >> k) & 1u)) continue;
           add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first][static_cast<std::size_t>(k)],
                          t.numel, first, count, t.shape);
         } else if constexpr (Opt::projects) {
-          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.state_offset_[r.first], t.numel, first, count, t.shape);
+          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);
         } else {
           add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
         }
@@ -514,8 +514,8 @@ struct checkpoint_access {
         }
       }
       if constexpr (Opt::projects) {
-        if (o.matrix_index_[i] >= 0) {
-          auto& pm = o.matrices_[static_cast<std::size_t>(o.matrix_index_[i])];
+        if (o.proj_.matrix_index_[i] >= 0) {
+          auto& pm = o.proj_.matrices_[static_cast<std::size_t>(o.proj_.matrix_index_[i])];
           for (int k = 0; k < 2; ++k) {
             const std::string name = "projected." + std::to_string(k);
             if (!pm.codes[k].empty()) add_whole_q8_items(o, out, i, name, pm.codes[k], pm.absmax[k]);
@@ -526,7 +526,7 @@ struct checkpoint_access {
           const auto side = pm.proj.side_for(pm.m, pm.n);
           using side_t = decltype(side);
           const std::int64_t rk = pm.proj.rank();
-          auto& staged = o.ortho_staging_[static_cast<std::size_t>(o.matrix_index_[i])];
+          auto& staged = o.proj_.ortho_staging_[static_cast<std::size_t>(o.proj_.matrix_index_[i])];
           const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
                                                    side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
           for (int k = 0; k < 2; ++k) {
@@ -601,11 +601,11 @@ struct checkpoint_access {
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
     if constexpr (Opt::is_layerwise) o.layer_.init_geometry(o);
     if constexpr (Opt::projects) {
-      for (std::size_t j = 0; j < o.matrices_.size(); ++j) {
-        auto& pm = o.matrices_[j];
-        auto& staged = o.ortho_staging_[j];
+      for (std::size_t j = 0; j < o.proj_.matrices_.size(); ++j) {
+        auto& pm = o.proj_.matrices_[j];
+        auto& staged = o.proj_.ortho_staging_[j];
         const typename Opt::hyper_params& h = o.groups_[static_cast<std::size_t>(o.layout_.tensors()[pm.tensor].group)];
-        pm.proj = typename Opt::projector_type(h);
+        pm.proj = decltype(pm.proj)(h);
         if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
         staged = {};
       }

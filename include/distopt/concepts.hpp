@@ -13,7 +13,7 @@
 
 #include "comm/request.hpp"
 #include "layerwise.hpp"
-#include "storage/q8.hpp"
+#include "storage/q8_encoding.hpp"
 #include "step_info.hpp"
 #include "types/dtype.hpp"
 

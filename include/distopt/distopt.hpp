@@ -21,6 +21,7 @@
 #include "policy/lion.hpp"
 #include "policy/sgd.hpp"
 #include "step_info.hpp"
+#include "storage/q8.hpp"
 #include "storage/replicated.hpp"
 #include "storage/sharded.hpp"
 #include "types/bf16.hpp"

@@ -25,7 +25,6 @@
 #include "detail/exact_sum.hpp"
 #include "detail/engines.hpp"
 #include "detail/layout_check.hpp"
-#include "detail/q8_loop.hpp"
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "exec/cpu.hpp"
@@ -35,7 +34,7 @@
 #include "memory_report.hpp"
 #include "shard_view.hpp"
 #include "step_info.hpp"
-#include "storage/q8.hpp"
+#include "storage/q8_encoding.hpp"
 #include "storage/replicated.hpp"
 #include "storage/sharded.hpp"
 #include "types/dtype.hpp"
@@ -158,6 +157,11 @@ class optimizer {
   static_assert(!is_layerwise || detail::engine_included<Policy, detail::layer_engine_tag>::value,
                 "distopt::optimizer: a layer-wise policy needs #include <distopt/detail/layer_engine.hpp> "
                 "(the policy headers lamb.hpp, adafactor.hpp and came.hpp include it)");
+  static_assert(!is_quantized || detail::engine_included<Policy, detail::q8_engine_tag>::value,
+                "distopt::optimizer: 8-bit states need #include <distopt/storage/q8.hpp>");
+  static_assert(!projects || detail::engine_included<Policy, detail::projection_engine_tag>::value,
+                "distopt::optimizer: a projecting policy needs #include <distopt/detail/projection_engine.hpp> "
+                "(policy/galore_adamw.hpp includes it)");
   using comm_type = Comm;
   using executor_type = Exec;
 
@@ -227,10 +231,10 @@ class optimizer {
     if constexpr (is_layerwise) {
       layer_.init(*this);
     } else if constexpr (is_quantized) {
-      if constexpr (projects) init_projection();  // the projected matrices first: init_q8 skips them
-      init_q8();
+      if constexpr (projects) proj_.init(*this);  // the projected matrices first: q8_.init skips them
+      q8_.init(*this);
     } else if constexpr (projects) {
-      init_projection();
+      proj_.init(*this);
     } else {
       for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
     }
@@ -279,7 +283,7 @@ class optimizer {
     requires(!is_quantized)
   {
     if constexpr (is_layerwise) return layer_.local_state(*this, name, check_slot(k));
-    else if constexpr (projects) return projected_local_state(name, check_slot(k));
+    else if constexpr (projects) return proj_.local_state(*this, name, check_slot(k));
     else return local_view(states_[check_slot(k)], name);
   }
   /// GaLore: state slot `k` of the projected gradient of tensor `name` (a matrix of a group
@@ -289,34 +293,20 @@ class optimizer {
   std::vector<float> projected_state(std::string_view name, int k) const
     requires projects
   {
-    const projected_matrix& pm = matrix_of(name);
-    const std::size_t slot = static_cast<std::size_t>(check_slot(k));
-    if (pm.codes[slot].empty()) return pm.state[slot];
-    std::vector<float> out(pm.codes[slot].size());
-    detail::decode_blocks(codebook(k).values().data(), pm.codes[slot].data(), pm.absmax[slot].data(), out.size(),
-                          out.data());
-    return out;
+    return proj_.state_values(*this, name, check_slot(k));
   }
   /// GaLore: the projector of tensor `name` (its rank, side and current projection).
   const auto& projector(std::string_view name) const
     requires projects
   {
-    return matrix_of(name).proj;
+    return proj_.matrix_of(*this, name).proj;
   }
   /// This rank's part of state slot `k` of tensor `name`, decoded to fp32 (any encoding;
   /// q8 codes read back as map[code] * absmax).
   shard_values local_state_values(std::string_view name, int k) const {
     check_slot(k);
     if constexpr (is_quantized) {
-      const q8_part q = q8_part_of(name);
-      shard_values out{std::vector<float>(q.count), q.first};
-      if (!q.quantized) {
-        std::copy_n(small_[k].data() + q.offset, q.count, out.values.data());
-        return out;
-      }
-      detail::decode_blocks(codebook(k).values().data(), states_[k].data() + q.offset,
-                            absmax_[k].data() + q.offset / q8::block, q.count, out.values.data());
-      return out;
+      return q8_.local_values(*this, name, k);
     } else {
       const shard_view<const state_type> v = local_state(name, k);
       shard_values out{std::vector<float>(v.values.size()), v.first};
@@ -333,7 +323,7 @@ class optimizer {
   bool state_is_quantized(std::string_view name) const
     requires is_quantized
   {
-    return q8_part_of(name).quantized;
+    return q8_.part_of(*this, name).quantized;
   }
   /// q8: this rank's codes of state slot `k` of tensor `name` (`first`: the index of the
   /// first element in the tensor); empty for tensors that keep fp32 states.
@@ -341,7 +331,7 @@ class optimizer {
     requires is_quantized
   {
     check_slot(k);
-    const q8_part q = q8_part_of(name);
+    const auto q = q8_.part_of(*this, name);
     if (!q.quantized) return {};
     return {std::span<const std::uint8_t>(states_[k].data() + q.offset, q.count), q.first};
   }
@@ -351,9 +341,9 @@ class optimizer {
     requires is_quantized
   {
     check_slot(k);
-    const q8_part q = q8_part_of(name);
+    const auto q = q8_.part_of(*this, name);
     if (!q.quantized) return {};
-    return {std::span<const float>(absmax_[k].data() + q.offset / q8::block, (q.count + q8::block - 1) / q8::block),
+    return {std::span<const float>(q8_.absmax_[k].data() + q.offset / q8::block, (q.count + q8::block - 1) / q8::block),
             q.first / q8::block};
   }
   /// Layer-wise policies: row state `k` of a factored tensor (e.g. Adafactor's
@@ -565,17 +555,17 @@ class optimizer {
       // per block, and the fp32 states of the tensors below min_8bit_size.
       std::size_t quantized = 0;
       for (std::size_t c = 0; c < plan_.pieces().size(); ++c)
-        if (q8_piece_[c].quantized) quantized += plan_.pieces()[c].count;
+        if (q8_.pieces_[c].quantized) quantized += plan_.pieces()[c].count;
       for (int k = 0; k < slots_; ++k) {
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), quantized);
-        if (absmax_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " absmax", absmax_[k].bytes()});
-        if (small_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " fp32", small_[k].bytes()});
+        if (q8_.absmax_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " absmax", q8_.absmax_[k].bytes()});
+        if (q8_.small_[k].bytes()) r.entries.push_back({"state " + std::to_string(k) + " fp32", q8_.small_[k].bytes()});
       }
-      if constexpr (projects) add_projected_entries(r);
+      if constexpr (projects) proj_.add_memory(*this, r);
     } else if constexpr (projects) {
       for (int k = 0; k < slots_; ++k)
         if (states_[k].bytes()) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
-      add_projected_entries(r);
+      proj_.add_memory(*this, r);
     } else {
       for (int k = 0; k < slots_; ++k)
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
@@ -617,6 +607,10 @@ class optimizer {
   friend struct io::checkpoint_access;
   template <class, class>
   friend struct detail::layer_engine;
+  template <class, class>
+  friend struct detail::projection_engine;
+  template <class, class>
+  friend struct detail::q8_engine;
 
   /// Elements per work item: a multiple of every block size, large enough to amortise a
   /// dispatch, small enough to balance threads.
@@ -782,34 +776,6 @@ class optimizer {
     else return detail::param_mode::no_master_rne;
   }
 
-  /// q8: one piece, through the 8-bit loop or, for tensors below min_8bit_size, the
-  /// plain loop over their fp32 states.
-  template <detail::param_mode Mode, int N, class G>
-  void run_q8_piece(const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
-                    std::size_t c) {
-    const detail::shard_piece& pc = plan_.pieces()[c];
-    const q8_piece& q = q8_piece_[c];
-    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
-    param_type* p = params_.data() + pc.buffer;
-    const G* g = grads + (local ? pc.local : pc.buffer);
-    float* m = uses_master() ? master_.data() + pc.local : nullptr;
-    if (q.quantized) {
-      detail::q8_args<param_type, G> a{p, g, m, {}, {}, {}, {}, grad_scale, key, pc.layout};
-      for (int k = 0; k < N; ++k) {
-        const detail::q8_codebook& book = codebook(k);
-        a.code[k] = states_[k].data() + q.offset;
-        a.absmax[k] = absmax_[k].data() + q.offset / q8::block;
-        a.map[k] = book.values().data();
-        a.lut[k] = book.lookup();
-      }
-      detail::update_range_q8<Policy, N, Mode>(sc, a, pc.count);
-    } else {
-      detail::update_args<param_type, G, float> a{p, g, m, {}, grad_scale, key, pc.layout};
-      for (int k = 0; k < N; ++k) a.state[k] = small_[k].data() + q.offset;
-      detail::update_range<Policy, N, Mode>(sc, a, pc.count);
-    }
-  }
-
   template <detail::param_mode Mode, int N, class G>
   void run_with(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
                 std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
@@ -819,13 +785,13 @@ class optimizer {
       const detail::shard_piece& pc = pieces[b.first_piece + c];
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
       if constexpr (projects)
-        if (matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
+        if (proj_.matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
       const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
       if constexpr (is_quantized) {
-        run_q8_piece<Mode, N>(sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
+        q8_.template run_piece<Mode, N>(*this, sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
       } else {
         std::size_t at = pc.local;
-        if constexpr (projects) at = state_offset_[b.first_piece + c];
+        if constexpr (projects) at = proj_.state_offset_[b.first_piece + c];
         detail::update_args<param_type, G, state_type> a{
             params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
             uses_master() ? master_.data() + pc.local : nullptr, {}, scale, key, pc.layout};
@@ -844,7 +810,7 @@ class optimizer {
     const auto& buckets = plan_.buckets();
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
-      if constexpr (projects) project_bucket<Mode>(sc, grad_scale, key, buckets[k]);
+      if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         ((std::find(active.begin(), active.end(), N) != active.end()
               ? run_with<Mode, N>(sc, grads, grad_scale, key, active, buckets[k])
@@ -920,237 +886,6 @@ class optimizer {
     }
   }
 
-  // ---------------------------------------------------------------------------------
-  // Matrix projection (GaLore): the 2-D tensors of groups with a rank.
-  //
-  // Every rank holding part of such a matrix gets its whole reduced gradient (sharded
-  // storage all-gathers the reduced grads of the buckets holding one: (d-1)/d of their
-  // bytes more than ZeRO's step), projects it, updates the low-rank Adam states and
-  // projects back the same way (so every rank computes the same bits, for any d), and
-  // applies the update to its own elements of the master weights / params.
-  // ---------------------------------------------------------------------------------
-
-  using projector_type = std::conditional_t<projects, typename matrix_projector<Policy>::type, char>;
-  struct projected_matrix {
-    std::size_t tensor = 0;
-    std::int64_t m = 0, n = 0;
-    projector_type proj;
-    std::array<std::vector<float>, 2> state;  // fp32 low-rank states
-    std::array<std::vector<std::uint8_t>, 2> codes;  // q8 instead (at least min_8bit_size elements)
-    std::array<std::vector<float>, 2> absmax;
-  };
-
-  /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
-  /// absmax), projection and one m x n work buffer (the largest) that every rank holding
-  /// the matrix keeps. The element states of the other tensors are reported as usual.
-  void add_projected_entries(distopt::memory_report& r) const {
-    std::size_t states = 0, projections = 0, work = 0;
-    for (const auto& t : matrices_) {
-      if (t.state[0].empty() && t.codes[0].empty()) continue;  // another rank's matrix
-      for (int k = 0; k < 2; ++k)
-        states += t.state[k].size() * sizeof(float) + t.codes[k].size() + t.absmax[k].size() * sizeof(float);
-      projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);  // after the first step
-      const auto low = t.proj.low_rank_shape(t.m, t.n);
-      work = std::max(work, static_cast<std::size_t>(2 * t.m * t.n + low[0] * low[1]) * sizeof(float));
-    }
-    r.entries.push_back({"state projected", states});
-    r.entries.push_back({"projections", projections});
-    r.entries.push_back({"projection work", work});
-  }
-
-  const projected_matrix& matrix_of(std::string_view name) const {
-    const std::size_t i = index_of(name);
-    if (matrix_index_[i] < 0)
-      throw std::out_of_range(std::string(Policy::name) + ": tensor '" + std::string(name) +
-                              "' is not projected (not a matrix of a group with a rank)");
-    return matrices_[static_cast<std::size_t>(matrix_index_[i])];
-  }
-
-  void init_projection() {
-    const auto tensors = layout_.tensors();
-    matrix_index_.assign(tensors.size(), -1);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const hyper_params& h = groups_[static_cast<std::size_t>(tensors[i].group)];
-      if (!Policy::projects(h)) continue;
-      const auto& t = tensors[i];
-      if (t.shape.size() != 2)
-        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name + "' is " +
-                                    std::to_string(t.shape.size()) +
-                                    "-D, in a group with a rank: projected tensors must be matrices (put "
-                                    "it in a group without a rank, as galore-torch users do)");
-      if (t.tp != tp_split::none)
-        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
-                                    "' is split over tensor-parallel ranks; projecting it needs the whole matrix");
-      projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}, {}, {}};
-      const auto low = pm.proj.low_rank_shape(pm.m, pm.n);  // checks the rank against the shape
-      // Its low-rank states live on the ranks that hold part of it.
-      const bool held = !plan_.pieces_of(i).empty();
-      const std::size_t ln = static_cast<std::size_t>(low[0] * low[1]);
-      if (held && is_quantized && ln >= options_.min_8bit_size) {
-        for (int k = 0; k < 2; ++k) {  // the low-rank matrix in blocks of 256, as a tensor's
-          pm.codes[k].assign(ln, codebook(k).zero_code());
-          pm.absmax[k].assign((ln + q8::block - 1) / q8::block, 0.0f);
-        }
-      } else if (held) {
-        for (auto& st : pm.state) st.assign(ln, 0.0f);
-      }
-      matrix_index_[i] = static_cast<int>(matrices_.size());
-      matrices_.push_back(std::move(pm));
-    }
-    ortho_staging_.resize(matrices_.size());
-    if (!matrices_.empty() && reduces_in_fp32())
-      throw std::invalid_argument(std::string(Policy::name) +
-                                  ": grad_reduce_in_fp32 is not supported with projected matrices");
-    const auto& pieces = plan_.pieces();
-    state_offset_.assign(pieces.size(), 0);
-    std::size_t size = 0;
-    for (std::size_t c = 0; c < pieces.size(); ++c)
-      if (matrix_index_[pieces[c].tensor] < 0) {
-        state_offset_[c] = size;
-        size += pieces[c].count;
-      }
-    if constexpr (!is_quantized)  // q8: init_q8 allocates the element states
-      for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, size);
-  }
-
-  shard_view<const state_type> projected_local_state(std::string_view name, int k) const {
-    const std::size_t i = index_of(name);
-    const detail::piece_range r = plan_.pieces_of(i);
-    if (matrix_index_[i] >= 0 || r.empty()) return {};
-    const auto& pieces = plan_.pieces();
-    std::size_t n = 0;
-    for (std::size_t c = r.first; c < r.end; ++c) n += pieces[c].count;
-    return {std::span<const state_type>(states_[k].data() + state_offset_[r.first], n),
-            pieces[r.first].layout - layout_.tensors()[i].offset};
-  }
-
-  /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
-  /// matrix: project, update the low-rank states, project back, apply to this rank's part.
-  template <detail::param_mode Mode>
-  void project_bucket(const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
-                      const detail::shard_bucket& b) {
-    bool any = false;
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || matrix_index_[i] >= 0;
-    if (!any) return;
-    if (is_sharded && comm_.size() > 1) {
-      grad_type* g = grads_.data() + b.buffer_begin;
-      comm_.all_gather(std::span<const grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems),
-                       std::span<grad_type>(g, b.padded()));
-    }
-    const auto& pieces = plan_.pieces();
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-      const detail::piece_range mine = plan_.pieces_of(i);
-      if (matrix_index_[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
-      projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
-      const tensor_slot& t = layout_.tensors()[i];
-      const auto& s = sc[static_cast<std::size_t>(t.group)];
-      const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[i];
-      const std::size_t mn = t.numel;
-      const auto low_shape = pm.proj.low_rank_shape(pm.m, pm.n);
-      const std::size_t ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
-      work_.resize(2 * mn + ln);
-      float* full = work_.data();
-      float* low = full + mn;
-      float* back = low + ln;
-      const grad_type* g = grads_.data() + plan_.tensor_buffer(i);
-      for (std::size_t e = 0; e < mn; ++e) full[e] = to_float(g[e]) * scale;
-      if (pm.proj.refresh_due(step_ - 1)) pm.proj.refresh(full, pm.m, pm.n);
-      pm.proj.project(full, low);
-      if (!pm.codes[0].empty()) {
-        // 8-bit low-rank states: per block of 256, decode, update, new absmax, encode.
-        alignas(64) float st2[2][q8::block];
-        for (std::size_t b0 = 0; b0 < ln; b0 += q8::block) {
-          const std::size_t n = std::min(q8::block, ln - b0), blk = b0 / q8::block;
-          for (int k = 0; k < 2; ++k)
-            detail::decode_block(codebook(k).values().data(), pm.codes[k].data() + b0, pm.absmax[k][blk], n, st2[k]);
-          for (std::size_t e = 0; e < n; ++e) {
-            float st[2] = {st2[0][e], st2[1][e]};
-            low[b0 + e] = Policy::moments(s, low[b0 + e], st);
-            st2[0][e] = st[0];
-            st2[1][e] = st[1];
-          }
-          for (int k = 0; k < 2; ++k)
-            detail::requantize_block(st2[k], n, codebook(k).lookup(), pm.absmax[k][blk], pm.codes[k].data() + b0);
-        }
-      } else {
-        for (std::size_t e = 0; e < ln; ++e) {
-          float st[2] = {pm.state[0][e], pm.state[1][e]};
-          low[e] = Policy::moments(s, low[e], st);
-          pm.state[0][e] = st[0];
-          pm.state[1][e] = st[1];
-        }
-      }
-      pm.proj.project_back(low, back);
-      for (std::size_t c = mine.first; c < mine.end; ++c) {
-        const detail::shard_piece& pc = pieces[c];
-        const std::size_t first = pc.layout - t.offset;
-        param_type* p = params_.data() + pc.buffer;
-        float* m = uses_master() ? master_.data() + pc.local : nullptr;
-        for (std::size_t e = 0; e < pc.count; ++e) {
-          float value = Mode == detail::param_mode::master ? m[e] : to_float(p[e]);
-          Policy::apply(s, value, back[first + e]);
-          detail::store_param<Mode>(p, m, e, value, key, pc.layout);
-        }
-      }
-    }
-  }
-
-  // ---------------------------------------------------------------------------------
-  // 8-bit block-wise states (q8).
-  // ---------------------------------------------------------------------------------
-
-  /// Slot k's map: unsigned for the slots the policy declares non-negative.
-  static const detail::q8_codebook& codebook(int k) {
-    return state_slot_nonnegative<Policy>(k) ? detail::unsigned_codebook() : detail::signed_codebook();
-  }
-
-  /// Compact buffers: the codes of the tensors with at least min_8bit_size elements (each
-  /// piece padded to whole blocks, so that a piece's blocks are its tensor's blocks), and
-  /// the fp32 states of the others. Codes start as the code of 0, absmax as 0.
-  void init_q8() {
-    if (layout_.block_size() % q8::block != 0)
-      throw std::invalid_argument("distopt::optimizer: q8 states need a layout block size that is a multiple of " +
-                                  std::to_string(q8::block) + " elements, got " +
-                                  std::to_string(layout_.block_size()));
-    const auto& pieces = plan_.pieces();
-    q8_piece_.assign(pieces.size(), {});
-    std::size_t codes = 0, small = 0;
-    for (std::size_t c = 0; c < pieces.size(); ++c) {
-      if constexpr (projects)
-        if (matrix_index_[pieces[c].tensor] >= 0) continue;  // low-rank states: init_projection
-      const bool quantized = layout_.tensors()[pieces[c].tensor].numel >= options_.min_8bit_size;
-      q8_piece_[c] = {quantized, quantized ? codes : small};
-      if (quantized) codes += (pieces[c].count + q8::block - 1) / q8::block * q8::block;
-      else small += pieces[c].count;
-    }
-    for (int k = 0; k < slots_; ++k) {
-      states_[k] = detail::buffer<std::uint8_t, Exec>(exec_, codes);
-      std::fill_n(states_[k].data(), codes, codebook(k).zero_code());
-      absmax_[k] = detail::buffer<float, Exec>(exec_, codes / q8::block);
-      small_[k] = detail::buffer<float, Exec>(exec_, small);
-    }
-  }
-
-  /// Where this rank's part of a tensor sits in the q8 buffers.
-  struct q8_part {
-    bool quantized = false;
-    std::size_t offset = 0, count = 0, first = 0;
-  };
-  q8_part q8_part_of(std::string_view name) const {
-    const std::size_t i = index_of(name);
-    const auto& pieces = plan_.pieces();
-    q8_part q;
-    if constexpr (projects)
-      if (matrix_index_[i] >= 0) return q;  // a projected matrix: no element states
-    q.quantized = layout_.tensors()[i].numel >= options_.min_8bit_size;
-    const detail::piece_range r = plan_.pieces_of(i);
-    if (r.empty()) return q;
-    q.offset = q8_piece_[r.first].offset;
-    q.first = pieces[r.first].layout - layout_.tensors()[i].offset;
-    for (std::size_t c = r.first; c < r.end; ++c) q.count += pieces[c].count;
-    return q;
-  }
-
   void require_whole(std::string_view name, const char* what) const {
     if (is_sharded && comm_.size() > 1)
       throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " +
@@ -1175,18 +910,8 @@ class optimizer {
   detail::buffer<float, Exec> master_;
   using stored_state = std::conditional_t<is_quantized, std::uint8_t, state_type>;
   std::array<detail::buffer<stored_state, Exec>, 4> states_;  // q8: the codes of 8-bit tensors
-  std::array<detail::buffer<float, Exec>, 4> absmax_;         // q8: one per block of codes
-  std::array<detail::buffer<float, Exec>, 4> small_;          // q8: states of tensors below min_8bit_size
-  struct q8_piece {
-    bool quantized = false;
-    std::size_t offset = 0;  // in the codes (block-aligned) or in the fp32 states
-  };
-  std::vector<q8_piece> q8_piece_;
-  std::vector<projected_matrix> matrices_;  // GaLore: the projected matrices
-  std::vector<int> matrix_index_;           // GaLore: per tensor, its index in matrices_ or -1
-  std::vector<std::size_t> state_offset_;   // GaLore: per piece, offset in the compact states
-  std::vector<float> work_;                 // GaLore: gradient, low-rank and update of one matrix
-  std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // GaLore: projections being loaded
+  // q8 only (detail/q8_engine.hpp): absmax, the fp32 states of small tensors, piece offsets.
+  std::conditional_t<is_quantized, detail::q8_engine<Policy, Exec>, detail::no_engine> q8_;
   std::vector<std::array<float, 100>> gnorm_vec_;  // percentile clipping: per tensor
   std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
   std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
@@ -1197,6 +922,8 @@ class optimizer {
   bool reduced_ = false;  // grads reduced since the last step
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
+  // GaLore only (detail/projection_engine.hpp).
+  std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
   // Layer-wise policies only (detail/layer_engine.hpp).
   std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type>, detail::no_engine> layer_;
 };

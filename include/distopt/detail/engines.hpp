@@ -4,6 +4,8 @@
 /// \file The parts of distopt::optimizer that only some policies and encodings use, each
 /// defined in its own header and included by the header that names what needs it:
 ///   layer_engine       detail/layer_engine.hpp       (layer-wise policies: lamb.hpp, adafactor.hpp, came.hpp)
+///   projection_engine  detail/projection_engine.hpp  (projecting policies: galore_adamw.hpp)
+///   q8_engine          detail/q8_engine.hpp          (8-bit states: storage/q8.hpp)
 /// An optimizer that does not need a part holds a no_engine in its place and never parses
 /// or compiles it.
 
@@ -16,6 +18,14 @@ struct no_engine {};
 struct layer_engine_tag {};
 template <class Policy, class State>
 struct layer_engine;
+
+struct q8_engine_tag {};
+template <class Policy, class Exec>
+struct q8_engine;
+
+struct projection_engine_tag {};
+template <class Policy, class State>
+struct projection_engine;
 
 /// True once the header defining the engine `Tag` is included (each one specialises it).
 template <class Policy, class Tag>

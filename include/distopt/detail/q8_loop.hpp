@@ -15,8 +15,9 @@
 #include <utility>
 
 #include "../config.hpp"
-#include "../storage/q8.hpp"
+#include "../storage/q8_encoding.hpp"
 #include "../types/rounding.hpp"
+#include "q8_map.hpp"
 #include "update_loop.hpp"
 
 namespace distopt::detail {

@@ -3,7 +3,7 @@
 #pragma once
 #include "../concepts.hpp"
 #include "../types/bf16.hpp"
-#include "q8.hpp"
+#include "q8_encoding.hpp"
 
 namespace distopt {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../../storage/q8.hpp"
+#include "../../detail/q8_map.hpp"
 #include "update.cuh"
 
 namespace distopt::cuda_exec {
