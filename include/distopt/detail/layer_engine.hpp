@@ -61,10 +61,7 @@ struct layer_engine {
     std::vector<detail::fixed_sum> tsum, rsum, csum;
   };
 
-  static constexpr int layer_phases() {
-    if constexpr (policy_is_layerwise<Policy>) return static_cast<int>(Policy::phases.size());
-    else return 0;
-  }
+  static constexpr int layer_phases() { return static_cast<int>(Policy::phases.size()); }
 
   /// Allocates the compact state slots, the factored states and the work items.
   template <class Opt>

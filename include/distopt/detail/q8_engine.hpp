@@ -45,10 +45,6 @@ struct q8_engine {
     std::size_t offset = 0;
   };
 
-
-  /// Slot k's map: unsigned for the slots the policy declares non-negative.
-  static const q8_codebook& codebook(int k) { return q8_slot_codebook<Policy>(k); }
-
   /// Compact buffers: the codes of the tensors with at least min_8bit_size elements (each
   /// piece padded to whole blocks, so that a piece's blocks are its tensor's blocks), and
   /// the fp32 states of the others. Codes start as the code of 0, absmax as 0.
@@ -71,7 +67,7 @@ struct q8_engine {
     }
     for (int k = 0; k < o.slots_; ++k) {
       o.states_[k] = buffer<std::uint8_t, Exec>(o.exec_, codes);
-      std::fill_n(o.states_[k].data(), codes, codebook(k).zero_code());
+      std::fill_n(o.states_[k].data(), codes, q8_slot_codebook<Policy>(k).zero_code());
       absmax_[k] = buffer<float, Exec>(o.exec_, codes / q8::block);
       small_[k] = buffer<float, Exec>(o.exec_, small);
     }
@@ -112,7 +108,7 @@ struct q8_engine {
     if (q.quantized) {
       q8_args<typename Opt::param_type, G> a{p, g, m, {}, {}, {}, {}, grad_scale, key, pc.layout};
       for (int k = 0; k < N; ++k) {
-        const q8_codebook& book = codebook(k);
+        const q8_codebook& book = q8_slot_codebook<Policy>(k);
         a.code[k] = o.states_[k].data() + q.offset;
         a.absmax[k] = absmax_[k].data() + q.offset / q8::block;
         a.map[k] = book.values().data();
@@ -135,7 +131,7 @@ struct q8_engine {
       std::copy_n(small_[k].data() + q.offset, q.count, out.values.data());
       return out;
     }
-    decode_blocks(codebook(k).values().data(), o.states_[k].data() + q.offset, absmax_[k].data() + q.offset / q8::block,
+    decode_blocks(q8_slot_codebook<Policy>(k).values().data(), o.states_[k].data() + q.offset, absmax_[k].data() + q.offset / q8::block,
                   q.count, out.values.data());
     return out;
   }
