@@ -3,6 +3,7 @@
 #pragma once
 /// \file Everything a user needs: the optimizer, the policies, storage, communicator and executor.
 
+#include "comm/any.hpp"
 #include "comm/single.hpp"
 #include "comm/threads.hpp"
 #include "concepts.hpp"

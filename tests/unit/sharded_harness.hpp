@@ -174,16 +174,17 @@ outcome run_single(const layout& l, const std::vector<typename Policy::hyper_par
 }
 
 /// d ranks as threads, with `Storage` (sharded or replicated) and a sum reduction
-/// (unless `keep_reduce`).
-template <class Policy, class Storage, class Prec, class Exec = cpu>
+/// (unless `keep_reduce`). `Comm` is made from each rank's `threads` handle (any_comm
+/// wraps it).
+template <class Policy, class Storage, class Prec, class Exec = cpu, class Comm = threads>
 outcome run_threads(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, run_options ro,
                     bool keep_reduce = false) {
-  using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
+  using opt_t = optimizer<Policy, Storage, Comm, Exec, Prec>;
   if (!keep_reduce) ro.options.grad_reduce = reduce_op::sum;
   outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, h, ro.options, make_executor<Exec>(ro.threads), std::move(comm));
+    opt_t opt(l, h, ro.options, make_executor<Exec>(ro.threads), Comm(std::move(comm)));
     drive(opt, rank, ro, rank == 0 ? &out : nullptr);
     collect(opt, rank, out);  // ranks write disjoint elements
   });
