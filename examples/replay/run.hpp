@@ -12,6 +12,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include <distopt/comm/any.hpp>
 #ifdef DISTOPT_REPLAY_MPI
 #include <distopt/comm/mpi.hpp>
 #endif
@@ -209,6 +210,9 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
 
 /// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
 /// world) with sharded state; kokkos: one rank through the Kokkos executor (--backend kokkos).
+/// The threads and mpi modes hold their communicator in a `distopt::any_comm`, so that they
+/// share one optimizer type per (policy, dtypes, state): the communicator is chosen at run
+/// time, and each collective costs one indirect call more.
 struct single_mode {};
 struct threads_mode {};
 struct mpi_mode {};
@@ -226,8 +230,10 @@ result run_typed(const trace& tr, const config& cfg) {
       std::optional<distopt::threads> tp_comm;
       if (cfg.tp > 1) tp_comm.emplace(world.split(dp, t));
       distopt::threads dp_comm = cfg.tp > 1 ? world.split(t, dp) : std::move(world);
-      result r = run_rank<Policy, distopt::sharded<State>, distopt::threads, Param, Grad>(
-          tr, cfg, std::move(dp_comm), std::move(tp_comm), tp_place{t, cfg.tp});
+      std::optional<distopt::any_comm> tp_any;
+      if (tp_comm) tp_any.emplace(std::move(*tp_comm));
+      result r = run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
+          tr, cfg, distopt::any_comm(std::move(dp_comm)), std::move(tp_any), tp_place{t, cfg.tp});
       if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
     return merge_tp_parts(tr, cfg, std::move(parts));
@@ -241,7 +247,8 @@ result run_typed(const trace& tr, const config& cfg) {
 #endif
   } else {
 #ifdef DISTOPT_REPLAY_MPI
-    return run_rank<Policy, distopt::sharded<State>, distopt::mpi, Param, Grad>(tr, cfg, distopt::mpi(MPI_COMM_WORLD));
+    return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
+        tr, cfg, distopt::any_comm(distopt::mpi(MPI_COMM_WORLD)));
 #else
     static_assert(!std::is_same_v<Mode, mpi_mode>, "the mpi mode needs DISTOPT_REPLAY_MPI");
     return {};
