@@ -425,21 +425,31 @@ struct checkpoint_access {
   static void add_slice_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
                       T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
                       std::vector<std::int64_t> shape, bool whole = false) {
+    out.push_back(slice_item(o.layout_.tensors()[i].name + "/" + suffix, std::move(st_dtype), sizeof(T),
+                             reinterpret_cast<std::byte*>(base), total, first, count, std::move(shape),
+                             writes_tensor(o, i, whole)));
+  }
+
+  /// The item add_slice_item describes, built apart from the optimizer's type (one copy of
+  /// this code and of its install function per program, not one per optimizer and element type).
+  static distopt::detail::checkpoint_item slice_item(std::string name, std::string st_dtype, std::size_t element_size,
+                                                     std::byte* base, std::uint64_t total, std::uint64_t first,
+                                                     std::uint64_t count, std::vector<std::int64_t> shape, bool save) {
     distopt::detail::checkpoint_item it;
-    it.name = o.layout_.tensors()[i].name + "/" + suffix;
+    it.name = std::move(name);
     it.dtype = std::move(st_dtype);
-    it.element_size = sizeof(T);
+    it.element_size = element_size;
     it.total = total;
     it.shape = shape.empty() ? std::vector<std::int64_t>{static_cast<std::int64_t>(total)} : std::move(shape);
     it.first = first;
     it.count = count;
-    it.save = writes_tensor(o, i, whole);
+    it.save = save;
     it.load = true;
-    it.source = reinterpret_cast<const std::byte*>(base);
-    it.install = [base, count](std::span<const std::byte> b) {
-      if (count != 0) std::memcpy(static_cast<void*>(base), b.data(), count * sizeof(T));
+    it.source = base;
+    it.install = [base, bytes = count * element_size](std::span<const std::byte> b) {
+      if (bytes != 0) std::memcpy(static_cast<void*>(base), b.data(), bytes);
     };
-    out.push_back(std::move(it));
+    return it;
   }
 
   /// A whole item of tensor `i` held in `v` (which load resizes only through `install`).

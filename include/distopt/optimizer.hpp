@@ -122,6 +122,36 @@ consteval bool check_optimizer_arguments() {
                 "distopt::optimizer: Precision must be distopt::precision<Param, Grad>");
   return true;
 }
+
+/// The constructor's checks that depend on no template argument, compiled once per
+/// program rather than once per optimizer type: the layout against the param dtype and
+/// the number of groups, and the options.
+inline void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
+                            const optimizer_options& o, bool layerwise, std::size_t chunk_elems) {
+  if (l.tensors().empty()) throw std::invalid_argument(std::string(policy) + ": the layout has no tensors");
+  for (const auto& t : l.tensors()) {
+    if (t.dtype != param)
+      throw std::invalid_argument("distopt::optimizer: tensor '" + t.name + "' is registered as " +
+                                  std::string(dtype_name(t.dtype)) + " but this optimizer's params are " +
+                                  std::string(dtype_name(param)));
+    if (static_cast<std::size_t>(t.group) >= groups)
+      throw std::invalid_argument("distopt::optimizer: tensor '" + t.name + "' is in group " +
+                                  std::to_string(t.group) + " but only " + std::to_string(groups) +
+                                  " group(s) were given");
+  }
+  if (o.grad_reduce == reduce_op::max)
+    throw std::invalid_argument("distopt::optimizer: grad_reduce must be sum or avg, not max");
+  if (o.percentile_clipping < 0 || o.percentile_clipping > 100)
+    throw std::invalid_argument("distopt::optimizer: percentile_clipping must be in [0, 100] (100 = off), got " +
+                                std::to_string(o.percentile_clipping));
+  if (layerwise && o.percentile_clipping < 100)
+    throw std::invalid_argument(std::string(policy) +
+                                ": percentile_clipping is for element-wise policies (set it to 100)");
+  if (o.bucket_elems == 0) throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
+  if (chunk_elems % l.block_size() != 0)
+    throw std::invalid_argument("distopt::optimizer: the layout's block size " + std::to_string(l.block_size()) +
+                                " is larger than " + std::to_string(chunk_elems) + " elements");
+}
 }  // namespace detail
 
 /// An optimizer assembled from a policy (the math), a state storage (placement and
@@ -180,33 +210,8 @@ class optimizer {
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": at least one hyper-parameter group is needed");
     for (const auto& h : groups_) h.validate();
-    if (layout_.tensors().empty())
-      throw std::invalid_argument(std::string(Policy::name) + ": the layout has no tensors");
-    for (const auto& t : layout_.tensors()) {
-      if (t.dtype != dtype_of<param_type>)
-        throw std::invalid_argument("distopt::optimizer: tensor '" + t.name + "' is registered as " +
-                                    std::string(dtype_name(t.dtype)) +
-                                    " but this optimizer's params are " +
-                                    std::string(dtype_name(dtype_of<param_type>)));
-      if (static_cast<std::size_t>(t.group) >= groups_.size())
-        throw std::invalid_argument("distopt::optimizer: tensor '" + t.name + "' is in group " +
-                                    std::to_string(t.group) + " but only " +
-                                    std::to_string(groups_.size()) + " group(s) were given");
-    }
-    if (options_.grad_reduce == reduce_op::max)
-      throw std::invalid_argument("distopt::optimizer: grad_reduce must be sum or avg, not max");
-    if (options_.percentile_clipping < 0 || options_.percentile_clipping > 100)
-      throw std::invalid_argument("distopt::optimizer: percentile_clipping must be in [0, 100] (100 = off), got " +
-                                  std::to_string(options_.percentile_clipping));
-    if (is_layerwise && options_.percentile_clipping < 100)
-      throw std::invalid_argument(std::string(Policy::name) +
-                                  ": percentile_clipping is for element-wise policies (set it to 100)");
-    if (options_.bucket_elems == 0)
-      throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
-    if (chunk_elems % layout_.block_size() != 0)
-      throw std::invalid_argument("distopt::optimizer: the layout's block size " +
-                                  std::to_string(layout_.block_size()) + " is larger than " +
-                                  std::to_string(chunk_elems) + " elements");
+    detail::check_arguments(Policy::name, layout_, dtype_of<param_type>, groups_.size(), options_, is_layerwise,
+                            chunk_elems);
     detail::check_layout_agreement(comm_, layout_, "distopt::optimizer");
     if (options_.loss_scale) scaler_ = loss_scaler(*options_.loss_scale);
     for (const auto& h : groups_) slots_ = std::max(slots_, Policy::state_slots(h));
