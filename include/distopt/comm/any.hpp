@@ -111,7 +111,8 @@ class erased_comm_for final : public erased_comm {
 }  // namespace detail
 
 /// A communicator chosen at run time: wraps any `communicator` (by value; move-only) and
-/// forwards every collective to it. Default-constructed, it holds `single`.
+/// forwards every collective to it. Default-constructed, it holds `single`. A moved-from
+/// any_comm holds nothing: assign to it or destroy it.
 class any_comm {
  public:
   using communicator_concept = communicator_tag;
