@@ -21,17 +21,11 @@
 #include <utility>
 
 #include "../concepts.hpp"
-#include "../types/bf16.hpp"
-#include "../types/fp16.hpp"
+#include "../types/dtype.hpp"
 #include "request.hpp"
 #include "single.hpp"
 
 namespace distopt {
-
-/// The element types `any_comm` carries.
-template <class T>
-concept any_comm_number = std::same_as<T, float> || std::same_as<T, double> || std::same_as<T, bf16> ||
-                          std::same_as<T, fp16>;
 
 namespace detail {
 
@@ -133,36 +127,36 @@ class any_comm {
   /// The held communicator's count of bytes sent.
   std::size_t bytes_sent() const noexcept { return c_->bytes_sent(); }
 
-  template <any_comm_number T>
+  template <comm_element T>
   void all_reduce(std::span<T> data, reduce_op op) {
     call<T>(kind::all_reduce, false, nullptr, 0, data.data(), data.size(), op, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   void all_gather(std::span<const T> in, std::span<T> out) {
     call<T>(kind::all_gather, false, in.data(), in.size(), out.data(), out.size(), reduce_op::sum, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     call<T>(kind::reduce_scatter, false, in.data(), in.size(), out.data(), out.size(), op, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   void broadcast(std::span<T> data, int root) {
     call<T>(kind::broadcast, false, nullptr, 0, data.data(), data.size(), reduce_op::sum, root);
   }
 
-  template <any_comm_number T>
+  template <comm_element T>
   comm_request iall_reduce(std::span<T> data, reduce_op op) {
     return call<T>(kind::all_reduce, true, nullptr, 0, data.data(), data.size(), op, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   comm_request iall_gather(std::span<const T> in, std::span<T> out) {
     return call<T>(kind::all_gather, true, in.data(), in.size(), out.data(), out.size(), reduce_op::sum, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     return call<T>(kind::reduce_scatter, true, in.data(), in.size(), out.data(), out.size(), op, 0);
   }
-  template <any_comm_number T>
+  template <comm_element T>
   comm_request ibroadcast(std::span<T> data, int root) {
     return call<T>(kind::broadcast, true, nullptr, 0, data.data(), data.size(), reduce_op::sum, root);
   }

@@ -60,6 +60,7 @@
 
 #include "../concepts.hpp"
 #include "../types/bf16.hpp"
+#include "../types/dtype.hpp"
 #include "../types/fp16.hpp"
 #include "request.hpp"
 
@@ -76,11 +77,6 @@ class rank_failure : public std::runtime_error {
  private:
   int rank_;
 };
-
-/// An element type the `threads` collectives accept: float, double, bf16 or fp16.
-template <class T>
-concept comm_element = std::same_as<T, float> || std::same_as<T, double> ||
-                       std::same_as<T, bf16> || std::same_as<T, fp16>;
 
 class threads;
 template <class F>

@@ -25,6 +25,11 @@ enum class dtype : std::uint8_t {
 template <class T>
 concept number = std::same_as<T, float> || std::same_as<T, bf16> || std::same_as<T, fp16>;
 
+/// An element type the communicators' collectives carry (threads, mpi, any_comm): the
+/// numbers above and double.
+template <class T>
+concept comm_element = number<T> || std::same_as<T, double>;
+
 /// The canonical name of `t`: "fp32", "bf16" or "fp16".
 constexpr std::string_view dtype_name(dtype t) noexcept {
   switch (t) {
