@@ -227,13 +227,11 @@ result run_typed(const trace& tr, const config& cfg) {
     std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
     distopt::run_ranks(cfg.ranks * cfg.tp, [&](distopt::threads& world) {
       const int dp = world.rank() / cfg.tp, t = world.rank() % cfg.tp;
-      std::optional<distopt::threads> tp_comm;
+      std::optional<distopt::any_comm> tp_comm;
       if (cfg.tp > 1) tp_comm.emplace(world.split(dp, t));
       distopt::threads dp_comm = cfg.tp > 1 ? world.split(t, dp) : std::move(world);
-      std::optional<distopt::any_comm> tp_any;
-      if (tp_comm) tp_any.emplace(std::move(*tp_comm));
       result r = run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
-          tr, cfg, distopt::any_comm(std::move(dp_comm)), std::move(tp_any), tp_place{t, cfg.tp});
+          tr, cfg, distopt::any_comm(std::move(dp_comm)), std::move(tp_comm), tp_place{t, cfg.tp});
       if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
     return merge_tp_parts(tr, cfg, std::move(parts));
