@@ -124,10 +124,11 @@ consteval bool check_optimizer_arguments() {
 }
 
 /// The constructor's checks that depend on no template argument, compiled once per
-/// program rather than once per optimizer type: the layout against the param dtype and
-/// the number of groups, and the options.
+/// program rather than once per optimizer type: the number of groups, the layout against
+/// the param dtype and the groups, and the options.
 inline void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
                             const optimizer_options& o, bool layerwise, std::size_t chunk_elems) {
+  if (groups == 0) throw std::invalid_argument(std::string(policy) + ": at least one hyper-parameter group is needed");
   if (l.tensors().empty()) throw std::invalid_argument(std::string(policy) + ": the layout has no tensors");
   for (const auto& t : l.tensors()) {
     if (t.dtype != param)
@@ -206,10 +207,7 @@ class optimizer {
         options_(std::move(options)),
         exec_(std::move(exec)),
         comm_(std::move(comm)) {
-    if (groups_.empty())
-      throw std::invalid_argument(std::string(Policy::name) +
-                                  ": at least one hyper-parameter group is needed");
-    for (const auto& h : groups_) h.validate();
+    for (const auto& h : groups_) h.validate();  // none when there are no groups: checked next
     detail::check_arguments(Policy::name, layout_, dtype_of<param_type>, groups_.size(), options_, is_layerwise,
                             chunk_elems);
     detail::check_layout_agreement(comm_, layout_, "distopt::optimizer");
