@@ -45,3 +45,24 @@
 #define DISTOPT_CPU_CLONES
 #define DISTOPT_HAS_CPU_CLONES 0
 #endif
+
+/// Code that depends on no template argument (the layout, the shard plan, the CPU thread
+/// pool, the constructor's argument checks, the hyper-parameter checks) is compiled once
+/// per program when DISTOPT_COMPILED_CORE is defined, and once per translation unit
+/// otherwise:
+///   - by default it is defined inline in the headers, and distopt is header-only;
+///   - with DISTOPT_COMPILED_CORE (the CMake target distopt::core defines it and links
+///     src/core.cpp) the headers only declare it, and each user file compiles less.
+/// Every translation unit of a program must make the same choice. DISTOPT_CORE_FN marks
+/// those functions; DISTOPT_CORE_BODIES says whether this translation unit defines them
+/// (src/core.cpp defines DISTOPT_BUILDING_CORE).
+#if !defined(DISTOPT_COMPILED_CORE)
+#define DISTOPT_CORE_FN inline
+#define DISTOPT_CORE_BODIES 1
+#elif defined(DISTOPT_BUILDING_CORE)
+#define DISTOPT_CORE_FN
+#define DISTOPT_CORE_BODIES 1
+#else
+#define DISTOPT_CORE_FN
+#define DISTOPT_CORE_BODIES 0
+#endif

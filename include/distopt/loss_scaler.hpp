@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "config.hpp"
+
 namespace distopt {
 
 /// Settings of the dynamic loss scaler, with torch.amp.GradScaler's names and defaults.
@@ -15,17 +17,22 @@ struct dynamic_loss_scale {
   double backoff_factor = 0.5;
   std::int64_t growth_interval = 2000;
 
-  void validate() const {
-    auto fail = [](const char* what, double v, const char* why) {
-      throw std::invalid_argument(std::string("dynamic_loss_scale: invalid ") + what + " " +
-                                  std::to_string(v) + ": " + why);
-    };
-    if (!(std::isfinite(init_scale) && init_scale > 0)) fail("init_scale", init_scale, "must be finite and > 0");
-    if (!(growth_factor > 1.0)) fail("growth_factor", growth_factor, "must be > 1");
-    if (!(backoff_factor > 0.0 && backoff_factor < 1.0)) fail("backoff_factor", backoff_factor, "must be in (0, 1)");
-    if (growth_interval < 1) fail("growth_interval", static_cast<double>(growth_interval), "must be >= 1");
-  }
+  /// Throws std::invalid_argument naming the first setting out of range.
+  void validate() const;
 };
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN void dynamic_loss_scale::validate() const {
+  auto fail = [](const char* what, double v, const char* why) {
+    throw std::invalid_argument(std::string("dynamic_loss_scale: invalid ") + what + " " +
+                                std::to_string(v) + ": " + why);
+  };
+  if (!(std::isfinite(init_scale) && init_scale > 0)) fail("init_scale", init_scale, "must be finite and > 0");
+  if (!(growth_factor > 1.0)) fail("growth_factor", growth_factor, "must be > 1");
+  if (!(backoff_factor > 0.0 && backoff_factor < 1.0)) fail("backoff_factor", backoff_factor, "must be in (0, 1)");
+  if (growth_interval < 1) fail("growth_interval", static_cast<double>(growth_interval), "must be >= 1");
+}
+#endif  // DISTOPT_CORE_BODIES
 
 /// A dynamic loss scale for fp16 training: the caller multiplies the loss by `scale()`;
 /// the optimizer unscales the gradients inside its fused step, halves the scale when a

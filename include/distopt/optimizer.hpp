@@ -20,6 +20,7 @@
 
 #include "comm/axis.hpp"
 #include "comm/single.hpp"
+#include "config.hpp"
 #include "concepts.hpp"
 #include "detail/buffer.hpp"
 #include "detail/exact_sum.hpp"
@@ -126,8 +127,18 @@ consteval bool check_optimizer_arguments() {
 /// The constructor's checks that depend on no template argument, compiled once per
 /// program rather than once per optimizer type: the number of groups, the layout against
 /// the param dtype and the groups, and the options.
-inline void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
-                            const optimizer_options& o, bool layerwise, std::size_t chunk_elems) {
+DISTOPT_CORE_FN void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
+                                     const optimizer_options& o, bool layerwise, std::size_t chunk_elems);
+
+/// Percentile clipping's history: records each tensor's squared norm `sq[i]` (scaled by
+/// coef^2) of step `step` into `history[i]` (all 100 on step 1) and sets `scale[i]` to
+/// min(1, the `percentile`-th smallest recorded norm / this step's norm).
+DISTOPT_CORE_FN void percentile_history(std::span<std::array<float, 100>> history, std::span<const double> sq,
+                                        double coef, std::int64_t step, int percentile, std::vector<float>& scale);
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
+                                     const optimizer_options& o, bool layerwise, std::size_t chunk_elems) {
   if (groups == 0) throw std::invalid_argument(std::string(policy) + ": at least one hyper-parameter group is needed");
   if (l.tensors().empty()) throw std::invalid_argument(std::string(policy) + ": the layout has no tensors");
   for (const auto& t : l.tensors()) {
@@ -153,6 +164,24 @@ inline void check_arguments(std::string_view policy, const layout& l, dtype para
     throw std::invalid_argument("distopt::optimizer: the layout's block size " + std::to_string(l.block_size()) +
                                 " is larger than " + std::to_string(chunk_elems) + " elements");
 }
+
+DISTOPT_CORE_FN void percentile_history(std::span<std::array<float, 100>> history, std::span<const double> sq,
+                                        double coef, std::int64_t step, int percentile, std::vector<float>& scale) {
+  scale.assign(history.size(), 1.0f);
+  const std::size_t at = static_cast<std::size_t>(step % 100);
+  for (std::size_t i = 0; i < history.size(); ++i) {
+    auto& vec = history[i];
+    const float now = static_cast<float>(sq[i] * coef * coef);
+    if (step == 1) vec.fill(now);
+    else vec[at] = now;
+    std::array<float, 100> sorted = vec;
+    std::sort(sorted.begin(), sorted.end());
+    const float current = std::sqrt(vec[at]);
+    const float clip = std::sqrt(sorted[static_cast<std::size_t>(percentile)]);
+    if (current > clip) scale[i] = clip / current;
+  }
+}
+#endif  // DISTOPT_CORE_BODIES
 }  // namespace detail
 
 /// An optimizer assembled from a policy (the math), a state storage (placement and
@@ -874,19 +903,9 @@ class optimizer {
         if (tensors[i].tp != tp_split::none) split.push_back(i);
       all_reduce(*tp_, split);
     }
-    clip_scale_.assign(tensors.size(), 1.0f);
-    const std::size_t at = static_cast<std::size_t>(step_ % 100);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      auto& vec = gnorm_vec_[i];
-      const float sq = static_cast<float>(sums[i].value() * coef * coef);
-      if (step_ == 1) vec.fill(sq);
-      else vec[at] = sq;
-      std::array<float, 100> sorted = vec;
-      std::sort(sorted.begin(), sorted.end());
-      const float current = std::sqrt(vec[at]);
-      const float clip = std::sqrt(sorted[static_cast<std::size_t>(options_.percentile_clipping)]);
-      if (current > clip) clip_scale_[i] = clip / current;
-    }
+    std::vector<double> sq(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) sq[i] = sums[i].value();
+    detail::percentile_history(gnorm_vec_, sq, coef, step_, options_.percentile_clipping, clip_scale_);
   }
 
   void require_whole(std::string_view name, const char* what) const {

@@ -8,21 +8,20 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../layout/registry.hpp"
 #include "../types/dtype.hpp"
 
 namespace distopt::detail {
 
 /// "'w' [4, 5] f32 group 0 tp none": one tensor as the error names it.
-inline std::string describe_tensor(const tensor_slot& t) {
-  return "'" + t.name + "' " + shape_string(t.shape) + " " + std::string(dtype_name(t.dtype)) + " group " +
-         std::to_string(t.group) + " tp " + tp_split_name(t.tp);
-}
+DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t);
 
 inline std::uint64_t fnv1a(std::uint64_t h, const std::string& s) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
@@ -37,12 +36,31 @@ inline void hash_to_doubles(std::uint64_t h, double* out) {
   out[2] = static_cast<double>(h >> 44);
 }
 
+/// A communicator's all_gather of doubles, as the layout check below uses it.
+using all_gather_doubles = std::function<void(std::span<const double>, std::span<double>)>;
+
+/// The layout check of `d` > 1 ranks, through `all_gather` over them.
+DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
+                                            const char* who);
+
 /// Throws std::invalid_argument on every rank, with the same message, when the ranks of
 /// `comm` registered different layouts (names, shapes, dtypes, groups, order, block).
 template <class Comm>
 void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
   const std::size_t d = static_cast<std::size_t>(comm.size());
   if (d == 1) return;
+  check_layout_agreement(
+      d, [&comm](std::span<const double> in, std::span<double> out) { comm.all_gather(in, out); }, l, who);
+}
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t) {
+  return "'" + t.name + "' " + shape_string(t.shape) + " " + std::string(dtype_name(t.dtype)) + " group " +
+         std::to_string(t.group) + " tp " + tp_split_name(t.tp);
+}
+
+DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
+                                            const char* who) {
   const auto tensors = l.tensors();
   std::vector<std::uint64_t> per(tensors.size());
   std::uint64_t whole = fnv1a(0xcbf29ce484222325ull, "block " + std::to_string(l.block_size()));
@@ -55,7 +73,7 @@ void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
   mine[3] = static_cast<double>(tensors.size());
   mine[4] = static_cast<double>(l.block_size());
   std::vector<double> all(5 * d);
-  comm.all_gather(std::span<const double>(mine), std::span<double>(all));
+  all_gather(std::span<const double>(mine), std::span<double>(all));
   bool same = true;
   double max_count = 0;
   for (std::size_t r = 0; r < d; ++r) {
@@ -74,7 +92,7 @@ void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
   const std::size_t m = static_cast<std::size_t>(max_count);
   std::vector<double> hashes(3 * m, -1.0), every(3 * m * d);
   for (std::size_t i = 0; i < tensors.size(); ++i) hash_to_doubles(per[i], hashes.data() + 3 * i);
-  comm.all_gather(std::span<const double>(hashes), std::span<double>(every));
+  all_gather(std::span<const double>(hashes), std::span<double>(every));
   std::size_t first = m;
   for (std::size_t i = 0; i < m && first == m; ++i)
     for (std::size_t r = 1; r < d; ++r)
@@ -87,7 +105,7 @@ void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
   desc.resize(std::min(desc.size(), text));
   std::vector<double> chars(text, 0.0), texts(text * d);
   for (std::size_t i = 0; i < desc.size(); ++i) chars[i] = static_cast<unsigned char>(desc[i]);
-  comm.all_gather(std::span<const double>(chars), std::span<double>(texts));
+  all_gather(std::span<const double>(chars), std::span<double>(texts));
   const auto text_of = [&](std::size_t r) {
     std::string s;
     for (std::size_t i = 0; i < text && texts[r * text + i] != 0.0; ++i) s += static_cast<char>(texts[r * text + i]);
@@ -98,5 +116,7 @@ void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
     if (text_of(r) != text_of(0)) msg += ", rank " + std::to_string(r) + " has " + text_of(r);
   throw std::invalid_argument(msg);
 }
+
+#endif  // DISTOPT_CORE_BODIES
 
 }  // namespace distopt::detail

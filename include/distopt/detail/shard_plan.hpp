@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../config.hpp"
 #include "../layout/registry.hpp"
 
 namespace distopt::detail {
@@ -56,60 +57,7 @@ class shard_plan {
   shard_plan() = default;
   /// Plans `l` for rank `rank` of `shards` ranks, with pieces of at most `piece_elems`
   /// (a multiple of the block size) and buckets closed at `bucket_elems`.
-  shard_plan(const layout& l, int shards, int rank, std::size_t bucket_elems, std::size_t piece_elems)
-      : shards_(static_cast<std::size_t>(shards)), rank_(static_cast<std::size_t>(rank)) {
-    if (shards < 1 || rank < 0 || rank >= shards)
-      throw std::invalid_argument("distopt: rank " + std::to_string(rank) + " of " + std::to_string(shards) +
-                                  " shards does not exist");
-    const std::size_t block = l.block_size();
-    const auto tensors = l.tensors();
-    tensor_buffer_.resize(tensors.size());
-    tensor_pieces_.resize(tensors.size());
-    straddles_.resize(tensors.size());
-    std::size_t t = 0, buffer = 0, local = 0;
-    while (t < tensors.size()) {
-      shard_bucket b;
-      b.shards = shards_;
-      b.first_tensor = t;
-      b.layout_begin = tensors[t].offset;
-      do {
-        b.layout_end = tensors[t].offset + round_up(tensors[t].numel, block);
-        ++t;
-      } while (t < tensors.size() && b.layout_end - b.layout_begin < bucket_elems);
-      b.end_tensor = t;
-      const std::size_t blocks = (b.layout_end - b.layout_begin) / block;
-      b.shard_elems = (blocks + shards_ - 1) / shards_ * block;
-      b.buffer_begin = buffer;
-      b.local_begin = local;
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-        tensor_buffer_[i] = buffer + (tensors[i].offset - b.layout_begin);
-        const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
-        straddles_[i] = lo / b.shard_elems != hi / b.shard_elems;
-      }
-      buffer += b.padded();
-      local += b.shard_elems;
-      buckets_.push_back(b);
-    }
-    buffer_size_ = buffer;
-    local_size_ = local;
-    // This rank's pieces: its shard of each bucket intersected with the bucket's tensors.
-    for (shard_bucket& b : buckets_) {
-      b.first_piece = pieces_.size();
-      const std::size_t lo = b.layout_begin + rank_ * b.shard_elems, hi = lo + b.shard_elems;
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
-        const tensor_slot& ts = tensors[i];
-        tensor_pieces_[i].first = pieces_.size();
-        const std::size_t a = std::max(lo, ts.offset), e = std::min(hi, ts.offset + ts.numel);
-        for (std::size_t p = a; p < e; p += piece_elems) {
-          const std::size_t n = std::min(piece_elems, e - p);
-          pieces_.push_back({b.buffer_begin + (p - b.layout_begin), b.local_begin + (p - lo), p, n, ts.group, i});
-          local_numel_ += n;
-        }
-        tensor_pieces_[i].end = pieces_.size();
-      }
-      b.end_piece = pieces_.size();
-    }
-  }
+  shard_plan(const layout& l, int shards, int rank, std::size_t bucket_elems, std::size_t piece_elems);
 
   std::size_t shards() const noexcept { return shards_; }
   std::size_t rank() const noexcept { return rank_; }
@@ -139,5 +87,63 @@ class shard_plan {
   std::vector<char> straddles_;
   std::size_t buffer_size_ = 0, local_size_ = 0, local_numel_ = 0;
 };
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN shard_plan::shard_plan(const layout& l, int shards, int rank, std::size_t bucket_elems,
+                                       std::size_t piece_elems)
+    : shards_(static_cast<std::size_t>(shards)), rank_(static_cast<std::size_t>(rank)) {
+  if (shards < 1 || rank < 0 || rank >= shards)
+    throw std::invalid_argument("distopt: rank " + std::to_string(rank) + " of " + std::to_string(shards) +
+                                " shards does not exist");
+  const std::size_t block = l.block_size();
+  const auto tensors = l.tensors();
+  tensor_buffer_.resize(tensors.size());
+  tensor_pieces_.resize(tensors.size());
+  straddles_.resize(tensors.size());
+  std::size_t t = 0, buffer = 0, local = 0;
+  while (t < tensors.size()) {
+    shard_bucket b;
+    b.shards = shards_;
+    b.first_tensor = t;
+    b.layout_begin = tensors[t].offset;
+    do {
+      b.layout_end = tensors[t].offset + round_up(tensors[t].numel, block);
+      ++t;
+    } while (t < tensors.size() && b.layout_end - b.layout_begin < bucket_elems);
+    b.end_tensor = t;
+    const std::size_t blocks = (b.layout_end - b.layout_begin) / block;
+    b.shard_elems = (blocks + shards_ - 1) / shards_ * block;
+    b.buffer_begin = buffer;
+    b.local_begin = local;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      tensor_buffer_[i] = buffer + (tensors[i].offset - b.layout_begin);
+      const std::size_t lo = tensors[i].offset - b.layout_begin, hi = lo + tensors[i].numel - 1;
+      straddles_[i] = lo / b.shard_elems != hi / b.shard_elems;
+    }
+    buffer += b.padded();
+    local += b.shard_elems;
+    buckets_.push_back(b);
+  }
+  buffer_size_ = buffer;
+  local_size_ = local;
+  // This rank's pieces: its shard of each bucket intersected with the bucket's tensors.
+  for (shard_bucket& b : buckets_) {
+    b.first_piece = pieces_.size();
+    const std::size_t lo = b.layout_begin + rank_ * b.shard_elems, hi = lo + b.shard_elems;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      const tensor_slot& ts = tensors[i];
+      tensor_pieces_[i].first = pieces_.size();
+      const std::size_t a = std::max(lo, ts.offset), e = std::min(hi, ts.offset + ts.numel);
+      for (std::size_t p = a; p < e; p += piece_elems) {
+        const std::size_t n = std::min(piece_elems, e - p);
+        pieces_.push_back({b.buffer_begin + (p - b.layout_begin), b.local_begin + (p - lo), p, n, ts.group, i});
+        local_numel_ += n;
+      }
+      tensor_pieces_[i].end = pieces_.size();
+    }
+    b.end_piece = pieces_.size();
+  }
+}
+#endif  // DISTOPT_CORE_BODIES
 
 }  // namespace distopt::detail

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../config.hpp"
 
 namespace distopt {
 
@@ -24,70 +25,18 @@ namespace detail {
 /// contiguous slice of the items; the caller's thread takes the first slice.
 class thread_pool {
  public:
-  explicit thread_pool(int threads) : n_(threads) {
-    for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { work(t); });
-  }
+  explicit thread_pool(int threads);
   thread_pool(const thread_pool&) = delete;
   thread_pool& operator=(const thread_pool&) = delete;
-  ~thread_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
+  ~thread_pool();
 
   int size() const noexcept { return n_; }
 
   /// Runs job(t) for t in [0, size()) on the pool; rethrows the first exception.
-  void run(const std::function<void(int)>& job) {
-    if (n_ == 1) return job(0);
-    std::lock_guard one_job(run_mutex_);  // copies of an executor share the pool
-    {
-      std::lock_guard lock(mutex_);
-      job_ = &job;
-      pending_ = n_ - 1;
-      error_ = nullptr;
-      ++generation_;
-    }
-    start_.notify_all();
-    std::exception_ptr mine;
-    try {
-      job(0);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    job_ = nullptr;
-    if (mine) std::rethrow_exception(mine);
-    if (error_) std::rethrow_exception(error_);
-  }
+  void run(const std::function<void(int)>& job);
 
  private:
-  void work(int t) {
-    std::uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* job;
-      {
-        std::unique_lock lock(mutex_);
-        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-      }
-      std::exception_ptr err;
-      try {
-        (*job)(t);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      std::lock_guard lock(mutex_);
-      if (err && !error_) error_ = err;
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
+  void work(int t);
 
   int n_;
   std::vector<std::thread> workers_;
@@ -101,6 +50,68 @@ class thread_pool {
   std::exception_ptr error_;
 };
 
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN thread_pool::thread_pool(int threads) : n_(threads) {
+  for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { work(t); });
+}
+
+DISTOPT_CORE_FN thread_pool::~thread_pool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  start_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+DISTOPT_CORE_FN void thread_pool::run(const std::function<void(int)>& job) {
+  if (n_ == 1) return job(0);
+  std::lock_guard one_job(run_mutex_);  // copies of an executor share the pool
+  {
+    std::lock_guard lock(mutex_);
+    job_ = &job;
+    pending_ = n_ - 1;
+    error_ = nullptr;
+    ++generation_;
+  }
+  start_.notify_all();
+  std::exception_ptr mine;
+  try {
+    job(0);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [&] { return pending_ == 0; });
+  job_ = nullptr;
+  if (mine) std::rethrow_exception(mine);
+  if (error_) std::rethrow_exception(error_);
+}
+
+DISTOPT_CORE_FN void thread_pool::work(int t) {
+  std::uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int)>* job;
+    {
+      std::unique_lock lock(mutex_);
+      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    std::exception_ptr err;
+    try {
+      (*job)(t);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    std::lock_guard lock(mutex_);
+    if (err && !error_) error_ = err;
+    if (--pending_ == 0) done_.notify_one();
+  }
+}
+#endif  // DISTOPT_CORE_BODIES
+
 }  // namespace detail
 
 /// The CPU executor: host memory, items split into contiguous slices over a fixed number of
@@ -111,13 +122,7 @@ class cpu {
   using memory_space = host_space;
 
   /// `threads` worker threads (including the caller's); 0 means one per hardware thread.
-  explicit cpu(int threads = 1) {
-    if (threads < 0)
-      throw std::invalid_argument("distopt::cpu: threads must be >= 0 (0 = one per core), got " +
-                                  std::to_string(threads));
-    if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    pool_ = std::make_shared<detail::thread_pool>(threads);
-  }
+  explicit cpu(int threads = 1);
 
   /// The number of threads items are spread over.
   int concurrency() const noexcept { return pool_->size(); }
@@ -150,5 +155,15 @@ class cpu {
  private:
   std::shared_ptr<detail::thread_pool> pool_;
 };
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN cpu::cpu(int threads) {
+  if (threads < 0)
+    throw std::invalid_argument("distopt::cpu: threads must be >= 0 (0 = one per core), got " +
+                                std::to_string(threads));
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  pool_ = std::make_shared<detail::thread_pool>(threads);
+}
+#endif  // DISTOPT_CORE_BODIES
 
 }  // namespace distopt

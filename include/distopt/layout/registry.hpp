@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../config.hpp"
 #include "../types/dtype.hpp"
 
 namespace distopt {
@@ -19,14 +20,7 @@ namespace distopt {
 /// holds the same tensor), or along its rows or columns (each TP rank holds its part).
 enum class tp_split : unsigned char { none, rows, cols };
 
-inline const char* tp_split_name(tp_split s) noexcept {
-  switch (s) {
-  case tp_split::none: return "none";
-  case tp_split::rows: return "rows";
-  case tp_split::cols: return "cols";
-  }
-  return "?";
-}
+DISTOPT_CORE_FN const char* tp_split_name(tp_split s) noexcept;
 
 /// One registered tensor and where it lives in the flat buffers.
 struct tensor_slot {
@@ -44,11 +38,7 @@ struct tensor_slot {
 };
 
 /// Formats a shape as "[2, 3]" for messages.
-inline std::string shape_string(std::span<const std::int64_t> shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
+DISTOPT_CORE_FN std::string shape_string(std::span<const std::int64_t> shape);
 
 /// The tensors an optimizer manages, in registration order, each starting on a block
 /// boundary so that blocks (and later shard cuts and 8-bit absmax blocks) never straddle
@@ -58,75 +48,37 @@ class layout {
   /// Default block: 256 elements (1 KiB of fp32), a multiple of every SIMD width and warp.
   static constexpr std::size_t default_block = 256;
 
-  explicit layout(std::size_t block = default_block) : block_(block) {
-    if (block == 0 || (block & (block - 1)) != 0)
-      throw std::invalid_argument("distopt::layout: block size must be a power of two, got " +
-                                  std::to_string(block));
-  }
+  explicit layout(std::size_t block = default_block);
+  // Declared so that, with DISTOPT_COMPILED_CORE, copying a layout is compiled once.
+  layout(const layout&);
+  layout(layout&&) noexcept;
+  layout& operator=(const layout&);
+  layout& operator=(layout&&) noexcept;
+  ~layout();
 
   /// Registers a tensor; names are unique, shapes non-empty with positive dimensions.
   /// `tp` says how tensor parallelism split it: `shape` is then this TP rank's part, and
   /// tensors with tp_split::none are counted once (on TP rank 0) in the global grad norm.
   const tensor_slot& add(std::string name, std::vector<std::int64_t> shape,
                          distopt::dtype type = distopt::dtype::f32, int group = 0,
-                         tp_split tp = tp_split::none) {
-    if (name.empty()) throw std::invalid_argument("distopt::layout::add: tensor name is empty");
-    if (index_.count(name))
-      throw std::invalid_argument("distopt::layout::add: tensor '" + name +
-                                  "' is already registered");
-    if (shape.empty())
-      throw std::invalid_argument("distopt::layout::add: tensor '" + name +
-                                  "' has an empty shape; use {1} for a scalar");
-    if (group < 0)
-      throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has group " +
-                                  std::to_string(group) + "; groups are numbered from 0");
-    std::size_t numel = 1;
-    for (auto d : shape) {
-      if (d <= 0)
-        throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has shape " +
-                                    shape_string(shape) + "; every dimension must be positive");
-      if (numel > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
-        throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' shape " +
-                                    shape_string(shape) + " overflows");
-      numel *= static_cast<std::size_t>(d);
-    }
-    tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel, tp};
-    size_ += round_up(numel);
-    index_.emplace(t.name, tensors_.size());
-    tensors_.push_back(std::move(t));
-    return tensors_.back();
-  }
+                         tp_split tp = tp_split::none);
 
   /// The tensor registered under `name`; throws std::out_of_range naming it if there is none.
-  const tensor_slot& find(std::string_view name) const {
-    auto it = index_.find(std::string(name));
-    if (it == index_.end())
-      throw std::out_of_range("distopt: no tensor named '" + std::string(name) +
-                              "' is registered");
-    return tensors_[it->second];
-  }
+  const tensor_slot& find(std::string_view name) const;
 
   /// True when a tensor of that name is registered.
-  bool contains(std::string_view name) const { return index_.count(std::string(name)) != 0; }
+  bool contains(std::string_view name) const;
 
   /// All tensors, in registration order.
   std::span<const tensor_slot> tensors() const noexcept { return tensors_; }
   /// Elements in each flat buffer, padding included.
   std::size_t size() const noexcept { return size_; }
   /// Elements in all tensors, padding excluded.
-  std::size_t numel() const noexcept {
-    std::size_t n = 0;
-    for (const auto& t : tensors_) n += t.numel;
-    return n;
-  }
+  std::size_t numel() const noexcept;
   /// The alignment of every tensor, in elements.
   std::size_t block_size() const noexcept { return block_; }
   /// The highest group index used, plus one.
-  int groups_used() const noexcept {
-    int g = 0;
-    for (const auto& t : tensors_) g = std::max(g, t.group + 1);
-    return g;
-  }
+  int groups_used() const noexcept;
 
  private:
   std::size_t round_up(std::size_t n) const { return (n + block_ - 1) / block_ * block_; }
@@ -136,5 +88,81 @@ class layout {
   std::vector<tensor_slot> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;
 };
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN const char* tp_split_name(tp_split s) noexcept {
+  switch (s) {
+  case tp_split::none: return "none";
+  case tp_split::rows: return "rows";
+  case tp_split::cols: return "cols";
+  }
+  return "?";
+}
+
+DISTOPT_CORE_FN std::string shape_string(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+DISTOPT_CORE_FN layout::layout(std::size_t block) : block_(block) {
+  if (block == 0 || (block & (block - 1)) != 0)
+    throw std::invalid_argument("distopt::layout: block size must be a power of two, got " + std::to_string(block));
+}
+DISTOPT_CORE_FN layout::layout(const layout&) = default;
+DISTOPT_CORE_FN layout::layout(layout&&) noexcept = default;
+DISTOPT_CORE_FN layout& layout::operator=(const layout&) = default;
+DISTOPT_CORE_FN layout& layout::operator=(layout&&) noexcept = default;
+DISTOPT_CORE_FN layout::~layout() = default;
+
+DISTOPT_CORE_FN const tensor_slot& layout::add(std::string name, std::vector<std::int64_t> shape, distopt::dtype type,
+                                               int group, tp_split tp) {
+  if (name.empty()) throw std::invalid_argument("distopt::layout::add: tensor name is empty");
+  if (index_.count(name))
+    throw std::invalid_argument("distopt::layout::add: tensor '" + name +
+                                "' is already registered");
+  if (shape.empty())
+    throw std::invalid_argument("distopt::layout::add: tensor '" + name +
+                                "' has an empty shape; use {1} for a scalar");
+  if (group < 0)
+    throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has group " +
+                                std::to_string(group) + "; groups are numbered from 0");
+  std::size_t numel = 1;
+  for (auto d : shape) {
+    if (d <= 0)
+      throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' has shape " +
+                                  shape_string(shape) + "; every dimension must be positive");
+    if (numel > std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(d))
+      throw std::invalid_argument("distopt::layout::add: tensor '" + name + "' shape " +
+                                  shape_string(shape) + " overflows");
+    numel *= static_cast<std::size_t>(d);
+  }
+  tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel, tp};
+  size_ += round_up(numel);
+  index_.emplace(t.name, tensors_.size());
+  tensors_.push_back(std::move(t));
+  return tensors_.back();
+}
+
+DISTOPT_CORE_FN const tensor_slot& layout::find(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  if (it == index_.end()) throw std::out_of_range("distopt: no tensor named '" + std::string(name) + "' is registered");
+  return tensors_[it->second];
+}
+
+DISTOPT_CORE_FN bool layout::contains(std::string_view name) const { return index_.count(std::string(name)) != 0; }
+
+DISTOPT_CORE_FN std::size_t layout::numel() const noexcept {
+  std::size_t n = 0;
+  for (const auto& t : tensors_) n += t.numel;
+  return n;
+}
+
+DISTOPT_CORE_FN int layout::groups_used() const noexcept {
+  int g = 0;
+  for (const auto& t : tensors_) g = std::max(g, t.group + 1);
+  return g;
+}
+#endif  // DISTOPT_CORE_BODIES
 
 }  // namespace distopt

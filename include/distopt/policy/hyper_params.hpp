@@ -13,6 +13,8 @@
 #include <string_view>
 #include <tuple>
 
+#include "../config.hpp"
+
 namespace distopt {
 
 /// One named hyper-parameter: a name as the reference implementation spells it and a
@@ -34,39 +36,48 @@ class invalid_hyper_parameter : public std::invalid_argument {
 
 namespace detail {
 /// The shortest text that reads back as the same double ("0.9", not "0.90000000000000002").
-inline std::string format_number(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
+DISTOPT_CORE_FN std::string format_number(double v);
 }  // namespace detail
 
 // Argument checks for hyper_params::validate(), public so that user policies share them.
 
 /// Throws invalid_hyper_parameter "POLICY: invalid ARG VALUE: WHY" unless `ok`.
-inline void require(bool ok, std::string_view policy, std::string_view arg, double value,
-                    std::string_view why) {
+DISTOPT_CORE_FN void require(bool ok, std::string_view policy, std::string_view arg, double value,
+                             std::string_view why);
+/// lr >= 0 and finite.
+DISTOPT_CORE_FN void require_lr(std::string_view policy, double lr);
+/// weight_decay >= 0 and finite.
+DISTOPT_CORE_FN void require_weight_decay(std::string_view policy, double wd);
+/// Each beta in [0, 1).
+DISTOPT_CORE_FN void require_betas(std::string_view policy, std::span<const double> betas);
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN std::string detail::format_number(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+DISTOPT_CORE_FN void require(bool ok, std::string_view policy, std::string_view arg, double value,
+                             std::string_view why) {
   if (!ok)
     throw invalid_hyper_parameter(std::string(policy) + ": invalid " + std::string(arg) + " " +
                                   detail::format_number(value) + ": " + std::string(why));
 }
 
-/// lr >= 0 and finite.
-inline void require_lr(std::string_view policy, double lr) {
+DISTOPT_CORE_FN void require_lr(std::string_view policy, double lr) {
   require(std::isfinite(lr) && lr >= 0.0, policy, "lr", lr, "must be a finite value >= 0");
 }
 
-/// weight_decay >= 0 and finite.
-inline void require_weight_decay(std::string_view policy, double wd) {
-  require(std::isfinite(wd) && wd >= 0.0, policy, "weight_decay", wd,
-          "must be a finite value >= 0");
+DISTOPT_CORE_FN void require_weight_decay(std::string_view policy, double wd) {
+  require(std::isfinite(wd) && wd >= 0.0, policy, "weight_decay", wd, "must be a finite value >= 0");
 }
 
-/// Each beta in [0, 1).
-inline void require_betas(std::string_view policy, std::span<const double> betas) {
+DISTOPT_CORE_FN void require_betas(std::string_view policy, std::span<const double> betas) {
   for (std::size_t i = 0; i < betas.size(); ++i)
-    require(betas[i] >= 0.0 && betas[i] < 1.0, policy,
-            "betas[" + std::to_string(i) + "]", betas[i], "must be in [0, 1)");
+    require(betas[i] >= 0.0 && betas[i] < 1.0, policy, "betas[" + std::to_string(i) + "]", betas[i],
+            "must be in [0, 1)");
 }
+#endif  // DISTOPT_CORE_BODIES
 
 }  // namespace distopt
