@@ -124,9 +124,9 @@ consteval bool check_optimizer_arguments() {
   return true;
 }
 
-/// The constructor's checks that depend on no template argument, compiled once per
-/// program rather than once per optimizer type: the number of groups, the layout against
-/// the param dtype and the groups, and the options.
+/// The constructor's checks that depend on no template argument, compiled once per file
+/// (once per program with distopt::core) rather than once per optimizer type: the number
+/// of groups, the layout against the param dtype and the groups, and the options.
 DISTOPT_CORE_FN void check_arguments(std::string_view policy, const layout& l, dtype param, std::size_t groups,
                                      const optimizer_options& o, bool layerwise, std::size_t chunk_elems);
 
