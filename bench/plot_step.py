@@ -15,13 +15,15 @@ def main():
     if len(sys.argv) != 3:
         sys.exit("usage: plot_step.py RESULTS.jsonl OUT.png")
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+    rows = [r for r in rows if r.get("bench") != "step-plain"]  # the plain loops' own line
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data")
         with open(data, "w") as f:
             for r in rows:
                 if "policy" in r:
                     label = " ".join(x for x in (r["policy"], r["options"], r["param"], "g:" + r["grad"],
-                                                 "s:" + r["state"]) if x)
+                                                 "s:" + r["state"],
+                                                 "check" if r.get("finite_check") else "") if x)
                     f.write(f'"{label}" {r["gbps"]} {r["ceiling_gbps"]}\n')
                 else:
                     f.write(f'"torch {r["case"]}" {r["gbps"]} NaN\n')

@@ -3,37 +3,25 @@
 // distopt-bench-step: one optimizer step per (policy, param dtype, grad dtype, state
 // encoding) over N parameters in GPT-like tensors, against a plain stream kernel of the
 // same access shape (the same arrays read, written back in place) measured in the same
-// run. Prints a table, then one JSON line per case.
+// run, twice: over distopt's thread pool and chunks, and as a plain OpenMP loop compiled
+// -march=native (plain_loops.cpp); the ratio is taken against the faster of the two. Also
+// times a plain OpenMP AdamW loop, the bar for the AdamW rows. Prints a table, then one
+// JSON line per case.
 //
 //   distopt-bench-step [--params N] [--threads T] [--repeats R] [--only POLICY]
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "plain_loops.hpp"
 #include "step_bench.hpp"
+#include "stream_kernel.hpp"
 
 namespace {
-
-/// One fused pass: `RW` arrays read and written in place, one array read.
-template <int RW>
-void stream_pass(float* const* a, const float* __restrict__ g, std::size_t b, std::size_t e) {
-  float* __restrict__ a0 = a[0];
-  float* __restrict__ a1 = a[RW > 1 ? 1 : 0];
-  float* __restrict__ a2 = a[RW > 2 ? 2 : 0];
-  float* __restrict__ a3 = a[RW > 3 ? 3 : 0];
-  float* __restrict__ a4 = a[RW > 4 ? 4 : 0];
-  for (std::size_t i = b; i < e; ++i) {
-    const float x = g[i];
-    a0[i] = a0[i] * 0.999f + x;
-    if constexpr (RW > 1) a1[i] = a1[i] * 0.999f + x;
-    if constexpr (RW > 2) a2[i] = a2[i] * 0.999f + x;
-    if constexpr (RW > 3) a3[i] = a3[i] * 0.999f + x;
-    if constexpr (RW > 4) a4[i] = a4[i] * 0.999f + x;
-  }
-}
 
 /// The roofline: `rw` fp32 arrays read and written in place plus one read-only array in one
 /// fused pass, over the same executor and chunk size as the optimizer. Bytes over seconds.
@@ -45,14 +33,7 @@ double stream_gbps(distopt::cpu& exec, std::size_t n, int rw, int repeats) {
   auto run = [&] {
     exec.parallel_for(chunks, [&](std::size_t c) {
       const std::size_t b = c * chunk, e = std::min(n, b + chunk);
-      float* const* a = arrays.data() + 1;
-      switch (rw) {
-        case 1: stream_pass<1>(a, arrays[0], b, e); break;
-        case 2: stream_pass<2>(a, arrays[0], b, e); break;
-        case 3: stream_pass<3>(a, arrays[0], b, e); break;
-        case 4: stream_pass<4>(a, arrays[0], b, e); break;
-        default: stream_pass<5>(a, arrays[0], b, e); break;
-      }
+      bench::stream_pass(rw, arrays.data() + 1, arrays[0], b, e);
     });
   };
   run();
@@ -89,11 +70,17 @@ int main(int argc, char** argv) {
   s.threads = exec.concurrency();
   std::printf("distopt-bench-step: %zu params, %d threads, best of %d repeats\n", s.params,
               s.threads, s.repeats);
-  std::vector<double> ceiling(6);
+  std::vector<double> ours(6), plain(6), ceiling(6);
   for (int rw = 1; rw <= 5; ++rw) {
-    ceiling[rw] = stream_gbps(exec, s.params, rw, s.repeats);
-    std::printf("ceiling: %d arrays read+written + 1 read: %.1f GB/s\n", rw, ceiling[rw]);
+    ours[rw] = stream_gbps(exec, s.params, rw, s.repeats);
+    plain[rw] = bench::plain_stream_gbps(s.params, rw, s.threads, s.repeats);
+    ceiling[rw] = std::max(ours[rw], plain[rw]);
+    std::printf("ceiling: %d arrays read+written + 1 read: %.1f GB/s (distopt's pool %.1f, plain OpenMP -march=native %.1f)\n",
+                rw, ceiling[rw], ours[rw], plain[rw]);
   }
+  const double plain_adamw = bench::plain_adamw_ns(s.params, s.threads, s.repeats);
+  std::printf("plain OpenMP AdamW loop, -O3 -march=native -fno-math-errno: %.3f ns/param, %.1f GB/s\n",
+              plain_adamw, 28.0 / plain_adamw);
   std::fflush(stdout);
 
   std::vector<bench::row> rows;
@@ -103,20 +90,35 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "lion") bench::run_lion(s, rows);
   if (rows.empty()) return usage("--only: unknown policy");
 
-  std::printf("\n%-6s %-13s %-12s %-5s %-5s %9s %8s %7s %8s %6s\n", "policy", "options", "param",
-              "grad", "state", "ns/param", "B/param", "GB/s", "ceiling", "ratio");
-  for (const auto& r : rows)
-    std::printf("%-6s %-13s %-12s %-5s %-5s %9.3f %8.1f %7.1f %8.1f %6.2f\n", r.policy.c_str(),
-                r.options.empty() ? "-" : r.options.c_str(), r.param.c_str(), r.grad.c_str(),
-                r.state.c_str(), r.ns_per_param, r.bytes_per_param, r.gbps, ceiling[r.rw_arrays],
-                r.gbps / ceiling[r.rw_arrays]);
-  std::printf("\n");
+  // The AdamW rows with fp32 params, grads and states are also held against the plain loop.
+  const auto vs_plain = [&](const bench::row& r) {
+    return r.policy == "adamw" && r.param == "fp32" && r.grad == "fp32" && r.state == "fp32" ? r.ns_per_param / plain_adamw
+                                                                                          : 0.0;
+  };
+  std::printf("\n%-6s %-13s %-6s %-12s %-5s %-5s %9s %8s %7s %8s %6s %6s %6s\n", "policy", "options", "check",
+              "param", "grad", "state", "ns/param", "B/param", "GB/s", "ceiling", "ratio", "/pool", "/loop");
+  for (const auto& r : rows) {
+    const double vp = vs_plain(r);
+    std::printf("%-6s %-13s %-6s %-12s %-5s %-5s %9.3f %8.1f %7.1f %8.1f %6.2f %6.2f ", r.policy.c_str(),
+                r.options.empty() ? "-" : r.options.c_str(), r.finite_check ? "on" : "off", r.param.c_str(),
+                r.grad.c_str(), r.state.c_str(), r.ns_per_param, r.bytes_per_param, r.gbps, ceiling[r.rw_arrays],
+                r.gbps / ceiling[r.rw_arrays], r.gbps / ours[r.rw_arrays]);
+    if (vp > 0) std::printf("%6.2f\n", vp);
+    else std::printf("%6s\n", "-");
+  }
+  std::printf("\n(ratio: GB/s over the ceiling; /pool: over distopt's own stream kernel; /loop: time over the\n"
+              "plain OpenMP AdamW loop's, for the fp32 AdamW rows)\n\n");
+  std::printf("{\"bench\":\"step-plain\",\"params\":%zu,\"threads\":%d,\"adamw_ns_per_param\":%.4f", s.params,
+              s.threads, plain_adamw);
+  for (int rw = 1; rw <= 5; ++rw) std::printf(",\"stream%d_gbps\":%.2f,\"pool%d_gbps\":%.2f", rw, plain[rw], rw, ours[rw]);
+  std::printf("}\n");
   for (const auto& r : rows)
     std::printf(
-        "{\"bench\":\"step\",\"policy\":\"%s\",\"options\":\"%s\",\"param\":\"%s\",\"grad\":\"%s\","
-        "\"state\":\"%s\",\"params\":%zu,\"threads\":%d,\"ns_per_param\":%.4f,"
-        "\"bytes_per_param\":%.1f,\"gbps\":%.2f,\"ceiling_gbps\":%.2f,\"ratio\":%.3f}\n",
-        r.policy.c_str(), r.options.c_str(), r.param.c_str(), r.grad.c_str(), r.state.c_str(),
-        s.params, s.threads, r.ns_per_param, r.bytes_per_param, r.gbps, ceiling[r.rw_arrays],
-        r.gbps / ceiling[r.rw_arrays]);
+        "{\"bench\":\"step\",\"policy\":\"%s\",\"options\":\"%s\",\"finite_check\":%s,\"param\":\"%s\","
+        "\"grad\":\"%s\",\"state\":\"%s\",\"params\":%zu,\"threads\":%d,\"ns_per_param\":%.4f,"
+        "\"bytes_per_param\":%.1f,\"gbps\":%.2f,\"ceiling_gbps\":%.2f,\"ratio\":%.3f,\"pool_ratio\":%.3f,"
+        "\"over_plain_adamw\":%.3f}\n",
+        r.policy.c_str(), r.options.c_str(), r.finite_check ? "true" : "false", r.param.c_str(), r.grad.c_str(),
+        r.state.c_str(), s.params, s.threads, r.ns_per_param, r.bytes_per_param, r.gbps, ceiling[r.rw_arrays],
+        r.gbps / ceiling[r.rw_arrays], r.gbps / ours[r.rw_arrays], vs_plain(r));
 }

@@ -6,8 +6,9 @@
 
 #include <distopt/distopt.hpp>
 
+#include "timing.hpp"
+
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,6 +26,7 @@ struct row {
   std::string policy, options, param, grad, state;
   double ns_per_param = 0, bytes_per_param = 0, gbps = 0;
   int rw_arrays = 0;  ///< arrays read and written back: param, master, state slots
+  bool finite_check = false;  ///< default options: the exact norm and finite check read the grads first
 };
 
 /// GPT-like tensors (d = 1024): an embedding, then layers of qkv/proj/fc matrices and
@@ -55,26 +57,18 @@ inline distopt::layout gpt_like(std::size_t n, distopt::dtype t) {
   return l;
 }
 
-template <class F>
-double best_seconds(int repeats, F&& f) {
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
+/// How a case is run: the fused update alone (the finite check off), or a user's default
+/// options (check_finite on: the exact norm pass reads the grads before the update).
+enum class checks { off, defaults };
 
-/// Times one step (the fused update; the finite check is a separate read of the grads
-/// and is off here) of Policy with the given number types, on executor `exec`.
+/// Times one step of Policy with the given number types, on executor `exec`.
 template <class Policy, class State, class Param, class Grad, class Exec>
 row measure_on(Exec exec, const settings& s, const typename Policy::hyper_params& h, std::string options,
-               bool master_weights = true) {
+               bool master_weights = true, checks c = checks::off) {
   using opt_t = distopt::optimizer<Policy, distopt::replicated<State>, distopt::single,
                                    Exec, distopt::precision<Param, Grad>>;
   distopt::optimizer_options o;
-  o.check_finite = false;
+  o.check_finite = c == checks::defaults;
   o.master_weights = master_weights;
   opt_t opt(gpt_like(s.params, distopt::dtype_of<Param>), h, o, std::move(exec));
   for (auto& g : opt.grads()) g = distopt::from_float<Grad>(1e-3f);
@@ -95,8 +89,10 @@ row measure_on(Exec exec, const settings& s, const typename Policy::hyper_params
   constexpr bool q8 = distopt::quantized_encoding<State>;
   if constexpr (q8) r.state = slots ? "q8" : "-";
   else r.state = slots ? std::string(distopt::dtype_name(distopt::dtype_of<State>)) : "-";
+  r.finite_check = c == checks::defaults;
   r.bytes_per_param = 2.0 * sizeof(Param) + sizeof(Grad) + (master ? 8.0 : 0.0) +
-                      (q8 ? slots * (2.0 + 8.0 / distopt::q8::block) : 2.0 * slots * sizeof(State));
+                      (q8 ? slots * (2.0 + 8.0 / distopt::q8::block) : 2.0 * slots * sizeof(State)) +
+                      (r.finite_check ? sizeof(Grad) : 0.0);
   r.ns_per_param = secs / n * 1e9;
   r.gbps = n * r.bytes_per_param / secs / 1e9;
   r.rw_arrays = 1 + (master ? 1 : 0) + slots;
@@ -106,8 +102,8 @@ row measure_on(Exec exec, const settings& s, const typename Policy::hyper_params
 /// measure_on the CPU executor with s.threads threads.
 template <class Policy, class State, class Param, class Grad>
 row measure(const settings& s, const typename Policy::hyper_params& h, std::string options,
-            bool master_weights = true) {
-  return measure_on<Policy, State, Param, Grad>(distopt::cpu(s.threads), s, h, std::move(options), master_weights);
+            bool master_weights = true, checks c = checks::off) {
+  return measure_on<Policy, State, Param, Grad>(distopt::cpu(s.threads), s, h, std::move(options), master_weights, c);
 }
 
 /// The (param, grad, state) combinations measured for every policy.
@@ -116,6 +112,8 @@ void measure_all(const settings& s, const typename Policy::hyper_params& h,
                  const std::string& options, std::vector<row>& out) {
   using distopt::bf16;
   using distopt::fp16;
+  out.push_back(measure<Policy, float, float, float>(s, h, options, true, checks::defaults));
+  out.push_back(measure<Policy, float, bf16, bf16>(s, h, options, true, checks::defaults));
   out.push_back(measure<Policy, float, float, float>(s, h, options));
   out.push_back(measure<Policy, bf16, float, float>(s, h, options));
   out.push_back(measure<Policy, float, bf16, bf16>(s, h, options));

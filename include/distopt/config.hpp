@@ -22,6 +22,14 @@
 #define DISTOPT_RESTRICT
 #endif
 
+/// Asks GCC to unroll the next loop n times (GCC and Clang host code; nothing elsewhere).
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#define DISTOPT_UNROLL_PRAGMA(x) _Pragma(#x)
+#define DISTOPT_UNROLL(n) DISTOPT_UNROLL_PRAGMA(GCC unroll n)
+#else
+#define DISTOPT_UNROLL(n)
+#endif
+
 /// True while compiling device code.
 #if defined(__CUDA_ARCH__)
 #define DISTOPT_DEVICE_CODE 1

@@ -7,7 +7,8 @@
 /// Why: the squared norm is a sum over every element of every rank. Summed in floating
 /// point, its bits depend on the order, and so on where the shard cuts fall and on d.
 /// Here each block of the layout (a fixed run of elements of one tensor, never cut) is
-/// summed in double in element order, and the block sums are added exactly, as integers.
+/// summed in double in a fixed order (sixteen lanes, detail::sum_of_squares), and the
+/// block sums are added exactly, as integers.
 /// Integer addition is associative, so the total is the same for every d, every thread
 /// count and every chunking, and it is rounded to double once, at the end.
 
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 
@@ -31,26 +33,24 @@ class exact_sum {
   /// What travels between ranks: the limbs, then the NaN and Inf counts, all as doubles.
   static constexpr int wire_size = limbs + 2;
 
-  /// Adds a non-negative double exactly; NaN and +Inf are counted instead.
+  /// Adds a non-negative double exactly; NaN and +Inf are counted instead. Reads the
+  /// mantissa and exponent from the bits (frexp and ldexp cost as much as a block of 256
+  /// squares).
   void add(double v) noexcept {
-    if (!(v == v)) {
-      ++nans_;
+    std::uint64_t u;
+    std::memcpy(&u, &v, sizeof u);
+    const int e = static_cast<int>((u >> 52) & 0x7ffu);
+    const std::uint64_t frac = u & ((std::uint64_t{1} << 52) - 1);
+    if (e == 0x7ff) {
+      if (frac) ++nans_;
+      else ++infs_;
       return;
     }
     if (v == 0.0) return;
-    if (std::isinf(v)) {
-      ++infs_;
-      return;
-    }
-    int e = 0;
-    const double f = std::frexp(v, &e);  // v = f * 2^e, f in [0.5, 1)
-    // v = m * 2^(e - 53) with a 53-bit integer m; bit position of m's lowest bit above 2^-1074.
-    int pos = e - 53 + 1074;
-    std::uint64_t m = static_cast<std::uint64_t>(std::ldexp(f, 53));
-    if (pos < 0) {  // subnormal: the low bits of m are zero, shift them out exactly
-      m >>= -pos;
-      pos = 0;
-    }
+    // v = m * 2^(pos - 1074): a subnormal has m = frac at pos 0; a normal number has the
+    // implicit bit and pos = e - 1.
+    const std::uint64_t m = e ? frac | (std::uint64_t{1} << 52) : frac;
+    const int pos = e ? e - 1 : 0;
     const int k = pos / 32, s = pos % 32;
     // m << s has at most 85 bits: spread it over three limbs of 32 bits.
     const std::uint64_t lo = (m << s) & 0xffffffffu;
