@@ -120,17 +120,8 @@ DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, 
   constexpr std::size_t L = squares_lanes;
   double s[L] = {};
   std::size_t i = 0;
-  // Unrolled, the lanes stay in registers at -O2 too.
-  if (scale == 1.0) {  // the same bits without the multiply (x * 1.0 == x): the common case
-    for (; i + L <= n; i += L)
-      DISTOPT_UNROLL(16)
-      for (std::size_t j = 0; j < L; ++j) {
-        const double x = static_cast<double>(to_float(g[i + j]));
-        s[j] += x * x;
-      }
-  }
   for (; i + L <= n; i += L)
-    DISTOPT_UNROLL(16)
+    DISTOPT_UNROLL(16)  // unrolled, the lanes stay in registers at -O2 too
     for (std::size_t j = 0; j < L; ++j) {
       const double x = static_cast<double>(to_float(g[i + j])) * scale;
       s[j] += x * x;

@@ -145,12 +145,12 @@ DISTOPT_CORE_FN const tensor_slot& layout::add(std::string name, std::vector<std
 }
 
 DISTOPT_CORE_FN const tensor_slot& layout::find(std::string_view name) const {
-  auto it = index_.find(std::string(name));
+  auto it = index_.find(name);  // std::less<>: looked up by the view, no string built
   if (it == index_.end()) throw std::out_of_range("distopt: no tensor named '" + std::string(name) + "' is registered");
   return tensors_[it->second];
 }
 
-DISTOPT_CORE_FN bool layout::contains(std::string_view name) const { return index_.count(std::string(name)) != 0; }
+DISTOPT_CORE_FN bool layout::contains(std::string_view name) const { return index_.contains(name); }
 
 DISTOPT_CORE_FN std::size_t layout::numel() const noexcept {
   std::size_t n = 0;
