@@ -13,6 +13,7 @@
 
 #include "comm/request.hpp"
 #include "layerwise.hpp"
+#include "space.hpp"
 #include "storage/q8_encoding.hpp"
 #include "step_info.hpp"
 #include "types/dtype.hpp"
@@ -27,8 +28,6 @@ struct executor_tag {};
 /// Reduction operations a communicator offers.
 enum class reduce_op { sum, avg, max };
 
-/// Memory spaces an executor allocates in.
-struct host_space {};
 
 // ---------------------------------------------------------------------------------------
 // optimizer_policy: the math of one optimizer.
@@ -203,8 +202,10 @@ struct index_function_archetype {
 };
 
 /// Models an execution backend. Opt in with `using executor_concept = distopt::executor_tag;`,
-/// name its `memory_space`, allocate and free bytes, and run an index function over
-/// [0, n) (each index exactly once, in any order and any thread).
+/// name its `memory_space` (host_space or device_space), allocate and free bytes, and run
+/// an index function over [0, n) (each index exactly once, in any order and any thread).
+/// An executor whose memory the host cannot touch also copies bytes between its memory
+/// and the host's (either direction, or within its own): `copy_bytes(dst, src, n)`.
 template <class E>
 concept executor =
     std::same_as<typename E::executor_concept, executor_tag> &&
@@ -214,7 +215,13 @@ concept executor =
       e.deallocate_bytes(p, n);
       e.parallel_for(n, f);
       { ce.concurrency() } -> std::convertible_to<int>;
-    };
+    } &&
+    (std::same_as<typename E::memory_space, host_space> ||
+     requires(E& e, void* dst, const void* src, std::size_t n) { e.copy_bytes(dst, src, n); });
+
+/// True when the host reads and writes the executor's memory directly.
+template <class E>
+inline constexpr bool host_memory = std::is_same_v<typename E::memory_space, host_space>;
 
 /// An executor of type E with `threads` threads where E takes a thread count (cpu), else
 /// E's default (kokkos: its space's own threads), for code generic over executors.

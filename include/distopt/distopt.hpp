@@ -9,6 +9,10 @@
 #include "concepts.hpp"
 #include "config.hpp"
 #include "exec/cpu.hpp"
+#if defined(__linux__)
+#include "exec/emulated.hpp"
+#endif
+#include "exec/transfer.hpp"
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
@@ -21,6 +25,7 @@
 #include "policy/lamb.hpp"
 #include "policy/lion.hpp"
 #include "policy/sgd.hpp"
+#include "space.hpp"
 #include "step_info.hpp"
 #include "storage/q8.hpp"
 #include "storage/replicated.hpp"

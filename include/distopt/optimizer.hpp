@@ -29,11 +29,13 @@
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "exec/cpu.hpp"
+#include "exec/transfer.hpp"
 #include "layerwise.hpp"
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
 #include "shard_view.hpp"
+#include "space.hpp"
 #include "step_info.hpp"
 #include "storage/q8_encoding.hpp"
 #include "storage/replicated.hpp"
@@ -222,8 +224,18 @@ class optimizer {
   static_assert(!projects || detail::engine_included<Policy, detail::projection_engine_tag>::value,
                 "distopt::optimizer: a projecting policy needs #include <distopt/detail/projection_engine.hpp> "
                 "(policy/galore_adamw.hpp includes it)");
+  static_assert(host_memory<Exec> || !(is_layerwise || projects),
+                "distopt::optimizer: on an executor of device memory (emulated_device) the "
+                "element-wise policies run (fp32, bf16 and q8 states); layer-wise policies and "
+                "GaLore still need an executor of host memory (cpu, kokkos)");
   using comm_type = Comm;
   using executor_type = Exec;
+  /// The memory space the buffers live in (the executor's).
+  using memory_space = typename Exec::memory_space;
+  /// A view of the optimizer's memory: std::span<T> for host memory, device_span<T> for
+  /// device memory (write and read it with distopt::upload / distopt::download).
+  template <class T>
+  using view = span_in<T, memory_space>;
 
   /// Creates the buffers for `tensors`; `groups[i]` holds the hyper-parameters of the tensors
   /// registered with group i. Every tensor must be registered with the param dtype. With
@@ -282,19 +294,19 @@ class optimizer {
   const layout& tensors() const noexcept { return layout_; }
 
   /// The params of tensor `name`: write initial values here before the first step (the
-  /// same values on every rank).
-  std::span<param_type> param(std::string_view name) { return full_view(params_, name); }
+  /// same values on every rank). In device memory, write them with distopt::upload.
+  view<param_type> param(std::string_view name) { return full_view(params_, name); }
   /// The grads of tensor `name`: write each step's gradient here before `step()`.
-  std::span<grad_type> grad(std::string_view name) { return full_view(grads_, name); }
+  view<grad_type> grad(std::string_view name) { return full_view(grads_, name); }
   /// The fp32 master weights of tensor `name` (only with master weights on bf16/fp16 params;
   /// replicated storage only: with sharded storage use local_master).
-  std::span<const float> master(std::string_view name) const {
+  view<const float> master(std::string_view name) const {
     require_master(name);
     return whole_local(master_, name, "master");
   }
   /// State slot `k` of tensor `name` (slot meaning is the policy's, e.g. adam: 0 exp_avg);
   /// replicated storage only: with sharded storage use local_state.
-  std::span<const state_type> state(std::string_view name, int k) const
+  view<const state_type> state(std::string_view name, int k) const
     requires(!is_quantized)
   {
     if constexpr (is_layerwise || projects) {  // compact slot buffers
@@ -306,12 +318,12 @@ class optimizer {
     }
   }
   /// This rank's part of the master weights of tensor `name` (all of it when replicated).
-  shard_view<const float> local_master(std::string_view name) const {
+  shard_view<const float, memory_space> local_master(std::string_view name) const {
     require_master(name);
     return local_view(master_, name);
   }
   /// This rank's part of state slot `k` of tensor `name` (all of it when replicated).
-  shard_view<const state_type> local_state(std::string_view name, int k) const
+  shard_view<const state_type, memory_space> local_state(std::string_view name, int k) const
     requires(!is_quantized)
   {
     if constexpr (is_layerwise) return layer_.local_state(*this, name, check_slot(k));
@@ -340,9 +352,11 @@ class optimizer {
     if constexpr (is_quantized) {
       return q8_.local_values(*this, name, k);
     } else {
-      const shard_view<const state_type> v = local_state(name, k);
-      shard_values out{std::vector<float>(v.values.size()), v.first};
-      for (std::size_t i = 0; i < v.values.size(); ++i) out.values[i] = to_float(v.values[i]);
+      const auto v = local_state(name, k);
+      std::vector<state_type> raw(v.values.size());
+      download(exec_, v.values, std::span<state_type>(raw));
+      shard_values out{std::vector<float>(raw.size()), v.first};
+      for (std::size_t i = 0; i < raw.size(); ++i) out.values[i] = to_float(raw[i]);
       return out;
     }
   }
@@ -359,23 +373,23 @@ class optimizer {
   }
   /// q8: this rank's codes of state slot `k` of tensor `name` (`first`: the index of the
   /// first element in the tensor); empty for tensors that keep fp32 states.
-  shard_view<const std::uint8_t> local_state_codes(std::string_view name, int k) const
+  shard_view<const std::uint8_t, memory_space> local_state_codes(std::string_view name, int k) const
     requires is_quantized
   {
     check_slot(k);
     const auto q = q8_.part_of(*this, name);
     if (!q.quantized) return {};
-    return {std::span<const std::uint8_t>(states_[k].data() + q.offset, q.count), q.first};
+    return {view<const std::uint8_t>(states_[k].data() + q.offset, q.count), q.first};
   }
   /// q8: the absmax of each block of this rank's part (`first`: the index of the first
   /// block in the tensor, blocks of q8::block elements counted from the tensor's start).
-  shard_view<const float> local_state_absmax(std::string_view name, int k) const
+  shard_view<const float, memory_space> local_state_absmax(std::string_view name, int k) const
     requires is_quantized
   {
     check_slot(k);
     const auto q = q8_.part_of(*this, name);
     if (!q.quantized) return {};
-    return {std::span<const float>(q8_.absmax_[k].data() + q.offset / q8::block, (q.count + q8::block - 1) / q8::block),
+    return {view<const float>(q8_.absmax_[k].data() + q.offset / q8::block, (q.count + q8::block - 1) / q8::block),
             q.first / q8::block};
   }
   /// Layer-wise policies: row state `k` of a factored tensor (e.g. Adafactor's
@@ -394,8 +408,8 @@ class optimizer {
     return layer_.factor_state(*this, name, k, Policy::col_states, false);
   }
   /// The whole flat buffers, padding included (for bulk I/O).
-  std::span<param_type> params() noexcept { return params_.span(); }
-  std::span<grad_type> grads() noexcept { return grads_.span(); }
+  view<param_type> params() noexcept { return {params_.data(), params_.size()}; }
+  view<grad_type> grads() noexcept { return {grads_.data(), grads_.size()}; }
 
   /// Hyper-parameters of group `g`.
   const hyper_params& hyper(int g = 0) const { return groups_.at(check_group(g)); }
@@ -617,6 +631,7 @@ class optimizer {
   /// `dir`: a std::filesystem::path or anything that converts to one.
   template <class Dir>
   void save(const Dir& dir) {
+    static_assert(host_memory<Exec>, "distopt::optimizer::save: checkpoints of device memory are not built yet");
     io::checkpoint_files<optimizer>::save(*this, dir);
   }
   /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the
@@ -625,6 +640,7 @@ class optimizer {
   /// on every rank and leaves this optimizer as it was. Collective, as save.
   template <class Dir>
   void load(const Dir& dir) {
+    static_assert(host_memory<Exec>, "distopt::optimizer::load: checkpoints of device memory are not built yet");
     io::checkpoint_files<optimizer>::load(*this, dir);
   }
 
@@ -666,11 +682,13 @@ class optimizer {
     if constexpr (async_communicator<Comm>) {
       if (async) {
         pending_.resize(plan_.buckets().size());
+        in_flight_.push_back(detail::collective_scope(exec_));
         if constexpr (is_sharded) pending_[k] = comm_.ireduce_scatter(std::span<const T>(bucket), mine, op);
         else pending_[k] = comm_.iall_reduce(bucket, op);
         return;
       }
     }
+    [[maybe_unused]] const auto open = detail::collective_scope(exec_);
     if constexpr (is_sharded) comm_.reduce_scatter(std::span<const T>(bucket), mine, op);
     else comm_.all_reduce(bucket, op);
   }
@@ -686,10 +704,12 @@ class optimizer {
     if constexpr (async_communicator<Comm>) {
       if (async) {
         pending_.resize(plan_.buckets().size());
+        in_flight_.push_back(detail::collective_scope(exec_));
         pending_[k] = comm_.iall_gather(in, out);
         return;
       }
     }
+    [[maybe_unused]] const auto open = detail::collective_scope(exec_);
     comm_.all_gather(in, out);
   }
 
@@ -708,6 +728,7 @@ class optimizer {
         if (!first) first = std::current_exception();
       }
     }
+    in_flight_.clear();
     if (first) std::rethrow_exception(first);
   }
 
@@ -736,27 +757,27 @@ class optimizer {
   }
 
   template <class T>
-  std::span<T> full_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
+  view<T> full_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
     const std::size_t i = index_of(name);
-    return b.span().subspan(plan_.tensor_buffer(i), layout_.tensors()[i].numel);
+    return {b.data() + plan_.tensor_buffer(i), layout_.tensors()[i].numel};
   }
 
   template <class T>
-  shard_view<const T> local_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
+  shard_view<const T, memory_space> local_view(const detail::buffer<T, Exec>& b, std::string_view name) const {
     const std::size_t i = index_of(name);
     const tensor_slot& t = layout_.tensors()[i];
     for (const detail::shard_bucket& bk : plan_.buckets()) {
       if (i < bk.first_tensor || i >= bk.end_tensor) continue;
       const std::size_t lo = bk.layout_begin + plan_.rank() * bk.shard_elems, hi = lo + bk.shard_elems;
       const std::size_t a = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
-      if (a >= e) return {std::span<const T>(), 0};
-      return {std::span<const T>(b.data() + bk.local_begin + (a - lo), e - a), a - t.offset};
+      if (a >= e) return {view<const T>(), 0};
+      return {view<const T>(b.data() + bk.local_begin + (a - lo), e - a), a - t.offset};
     }
     return {};
   }
 
   template <class T>
-  std::span<const T> whole_local(const detail::buffer<T, Exec>& b, std::string_view name, const char* what) const {
+  view<const T> whole_local(const detail::buffer<T, Exec>& b, std::string_view name, const char* what) const {
     require_whole(name, what);
     return local_view(b, name).values;
   }
@@ -918,7 +939,7 @@ class optimizer {
   layout layout_;
   std::vector<hyper_params> groups_;
   optimizer_options options_;
-  Exec exec_;
+  mutable Exec exec_;  // a handle: const reads of device memory copy through it
   Comm comm_;
   std::optional<Comm> model_parallel_;
   int tp_rank_ = 0;
@@ -943,6 +964,8 @@ class optimizer {
   bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
+  // What the collectives in flight hold open (the emulated device's memory), until wait_pending.
+  std::vector<decltype(detail::collective_scope(std::declval<Exec&>()))> in_flight_;
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;

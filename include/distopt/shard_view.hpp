@@ -7,13 +7,16 @@
 #include <span>
 #include <vector>
 
+#include "space.hpp"
+
 namespace distopt {
 
 /// One rank's part of a tensor's master weights or state: `values` are elements
-/// [first, first + values.size()) of the tensor (in its flat, row-major order).
-template <class T>
+/// [first, first + values.size()) of the tensor (in its flat, row-major order), a
+/// std::span in host memory or a device_span in device memory.
+template <class T, class Space = host_space>
 struct shard_view {
-  std::span<T> values;
+  span_in<T, Space> values;
   std::size_t first = 0;
 };
 

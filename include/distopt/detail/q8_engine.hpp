@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../exec/transfer.hpp"
 #include "../shard_view.hpp"
 #include "buffer.hpp"
 #include "engines.hpp"
@@ -65,9 +66,14 @@ struct q8_engine {
       if (quantized) codes += (pieces[c].count + q8::block - 1) / q8::block * q8::block;
       else small += pieces[c].count;
     }
+    constexpr std::size_t per = Opt::chunk_elems;
     for (int k = 0; k < o.slots_; ++k) {
       o.states_[k] = buffer<std::uint8_t, Exec>(o.exec_, codes);
-      std::fill_n(o.states_[k].data(), codes, q8_slot_codebook<Policy>(k).zero_code());
+      std::uint8_t* code = o.states_[k].data();
+      const std::uint8_t zero = q8_slot_codebook<Policy>(k).zero_code();
+      o.exec_.parallel_for((codes + per - 1) / per, [&](std::size_t c) {
+        std::fill(code + c * per, code + std::min(codes, (c + 1) * per), zero);
+      });
       absmax_[k] = buffer<float, Exec>(o.exec_, codes / q8::block);
       small_[k] = buffer<float, Exec>(o.exec_, small);
     }
@@ -127,12 +133,18 @@ struct q8_engine {
   shard_values local_values(const Opt& o, std::string_view name, int k) const {
     const part q = part_of(o, name);
     shard_values out{std::vector<float>(q.count), q.first};
+    using floats = typename Opt::template view<const float>;
     if (!q.quantized) {
-      std::copy_n(small_[k].data() + q.offset, q.count, out.values.data());
+      download(o.exec_, floats(small_[k].data() + q.offset, q.count), std::span<float>(out.values));
       return out;
     }
-    decode_blocks(q8_slot_codebook<Policy>(k).values().data(), o.states_[k].data() + q.offset, absmax_[k].data() + q.offset / q8::block,
-                  q.count, out.values.data());
+    // Copied out of the executor's memory, then decoded on the host.
+    std::vector<std::uint8_t> codes(q.count);
+    std::vector<float> absmax((q.count + q8::block - 1) / q8::block);
+    download(o.exec_, typename Opt::template view<const std::uint8_t>(o.states_[k].data() + q.offset, q.count),
+             std::span<std::uint8_t>(codes));
+    download(o.exec_, floats(absmax_[k].data() + q.offset / q8::block, absmax.size()), std::span<float>(absmax));
+    decode_blocks(q8_slot_codebook<Policy>(k).values().data(), codes.data(), absmax.data(), q.count, out.values.data());
     return out;
   }
 

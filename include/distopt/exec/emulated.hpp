@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The emulated device executor: the CPU executor's threads and loops over memory the
+/// host cannot touch outside a launch, a copy or a collective. It proves in CI, where there
+/// is no GPU, that the optimizer reaches its buffers only as a device backend may: a stray
+/// host access compiles nowhere (its views are device_spans) and faults at run time (its
+/// memory is mapped PROT_NONE between launches). Linux (mmap/mprotect) only.
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <utility>
+
+#include "../concepts.hpp"
+#include "../config.hpp"
+#include "cpu.hpp"
+
+namespace distopt {
+
+namespace detail {
+
+/// Every arena of every emulated_device in the process. They are readable and writable
+/// while at least one launch, copy or collective on any of them is in flight, and mapped
+/// PROT_NONE otherwise. One count for the process, because ranks as threads share it: a
+/// collective of one rank reads another's memory. With one rank the check is exact; with
+/// several, host code of one rank that runs while another rank's launch is in flight is
+/// not caught.
+class device_arenas {
+ public:
+  static device_arenas& instance();
+  void* allocate(std::size_t bytes);
+  void release(void* p) noexcept;
+  /// Opens every arena to the host (counted).
+  void open();
+  /// Closes them again when the last opener closes.
+  void close() noexcept;
+  /// Launches, copies and collectives in flight.
+  int opened() const;
+
+ private:
+  std::size_t rounded(std::size_t bytes) const noexcept {
+    return (std::max<std::size_t>(bytes, 1) + page_ - 1) / page_ * page_;
+  }
+  void protect_all(int prot) noexcept;
+  mutable std::mutex m_;
+  std::unordered_map<void*, std::size_t> arenas_;  // start -> mapped bytes
+  int open_ = 0;
+  std::size_t page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+};
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN device_arenas& device_arenas::instance() {
+  static device_arenas arenas;
+  return arenas;
+}
+
+DISTOPT_CORE_FN void* device_arenas::allocate(std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(m_);
+  const std::size_t n = rounded(bytes);
+  void* p = ::mmap(nullptr, n, open_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();  // anonymous pages are zero-filled
+  arenas_.emplace(p, n);
+  return p;
+}
+
+DISTOPT_CORE_FN void device_arenas::release(void* p) noexcept {
+  const std::lock_guard<std::mutex> lock(m_);
+  const auto it = arenas_.find(p);
+  if (it == arenas_.end()) return;
+  ::munmap(it->first, it->second);
+  arenas_.erase(it);
+}
+
+DISTOPT_CORE_FN void device_arenas::open() {
+  const std::lock_guard<std::mutex> lock(m_);
+  if (open_++ == 0) protect_all(PROT_READ | PROT_WRITE);
+}
+
+DISTOPT_CORE_FN void device_arenas::close() noexcept {
+  const std::lock_guard<std::mutex> lock(m_);
+  if (--open_ == 0) protect_all(PROT_NONE);
+}
+
+DISTOPT_CORE_FN int device_arenas::opened() const {
+  const std::lock_guard<std::mutex> lock(m_);
+  return open_;
+}
+
+DISTOPT_CORE_FN void device_arenas::protect_all(int prot) noexcept {
+  for (const auto& [p, n] : arenas_) {
+    if (::mprotect(p, n, prot) != 0) {  // only when the kernel runs out of mappings
+      std::perror("distopt::emulated_device: mprotect");
+      std::abort();
+    }
+  }
+}
+#endif  // DISTOPT_CORE_BODIES
+
+}  // namespace detail
+
+/// The emulated device: `threads` host threads run its launches, as the CPU executor's,
+/// and its memory is open to the host only inside a launch, a copy_bytes, or while an
+/// access_scope lives (what a collective on device memory holds). Results are the CPU
+/// executor's, bit for bit.
+class emulated_device {
+ public:
+  using executor_concept = executor_tag;
+  using memory_space = device_space;
+
+  /// Keeps the device memory open to the host while it lives: a collective in flight.
+  class access_scope {
+   public:
+    access_scope() { detail::device_arenas::instance().open(); }
+    access_scope(const access_scope&) = delete;
+    access_scope& operator=(const access_scope&) = delete;
+    access_scope(access_scope&& o) noexcept : live_(std::exchange(o.live_, false)) {}
+    access_scope& operator=(access_scope&& o) noexcept {
+      if (this != &o) {
+        end();
+        live_ = std::exchange(o.live_, false);
+      }
+      return *this;
+    }
+    ~access_scope() { end(); }
+
+   private:
+    void end() noexcept {
+      if (std::exchange(live_, false)) detail::device_arenas::instance().close();
+    }
+    bool live_ = true;
+  };
+
+  /// `threads` worker threads (including the caller's); 0 means one per hardware thread.
+  explicit emulated_device(int threads = 1) : host_(threads) {}
+
+  int concurrency() const noexcept { return host_.concurrency(); }
+
+  /// Zero-filled device memory (whole pages).
+  void* allocate_bytes(std::size_t bytes) { return detail::device_arenas::instance().allocate(bytes); }
+  void deallocate_bytes(void* p, std::size_t) noexcept { detail::device_arenas::instance().release(p); }
+
+  /// Calls f(i) once for each i in [0, n), with the device memory open.
+  template <class F>
+  void parallel_for(std::size_t n, F&& f) {
+    const access_scope open;
+    host_.parallel_for(n, std::forward<F>(f));
+  }
+
+  /// Copies n bytes between host and device memory (either direction, or device to device).
+  void copy_bytes(void* dst, const void* src, std::size_t n) {
+    const access_scope open;
+    if (n) std::memcpy(dst, src, n);
+  }
+
+  /// Opens the device memory until the returned scope ends.
+  access_scope open_memory() { return access_scope(); }
+
+ private:
+  cpu host_;
+};
+
+}  // namespace distopt
