@@ -6,9 +6,10 @@
 // fp32, bf16 and 8-bit states and fp32, bf16 and fp16 params, one rank and d = 1..4 ranks
 // as threads with sharded state. The layer-wise policies are in kokkos_layerwise.cpp.
 
-#include "kokkos_harness.hpp"
+#include "executor_harness.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <distopt/exec/kokkos.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -106,24 +107,11 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(kokkos_equals_cpu)
 
 BOOST_AUTO_TEST_CASE(sgd_momentum_and_nesterov) {
-  sgd::hyper_params m;
-  m.lr = 0.05;
-  m.momentum = 0.9;
-  m.dampening = 0.1;
-  m.weight_decay = 0.01;
-  sgd::hyper_params n;
-  n.lr = 0.05;
-  n.momentum = 0.8;
-  n.nesterov = true;
-  check_kokkos<sgd, fp32, precision<float>>({m, n}, run_options{});
+  check_executor<kokkos<>, sgd, fp32, precision<float>>(cases::sgd_momentum_and_nesterov(), run_options{});
 }
 
 BOOST_AUTO_TEST_CASE(adam_amsgrad_bf16_states) {
-  adam::hyper_params h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  h.amsgrad = true;
-  check_kokkos<adam, bf16, precision<float>>({h}, run_options{});
+  check_executor<kokkos<>, adam, bf16, precision<float>>({cases::adam_amsgrad()}, run_options{});
 }
 
 BOOST_AUTO_TEST_CASE(adamw_clipped) {
@@ -131,7 +119,7 @@ BOOST_AUTO_TEST_CASE(adamw_clipped) {
   h.lr = 1e-2;
   run_options ro;
   ro.clip = 1.0;
-  check_kokkos<adamw, fp32, precision<float>>({h}, ro);
+  check_executor<kokkos<>, adamw, fp32, precision<float>>({h}, ro);
 }
 
 BOOST_AUTO_TEST_CASE(adamw_bf16_params_with_master) {
@@ -139,35 +127,23 @@ BOOST_AUTO_TEST_CASE(adamw_bf16_params_with_master) {
   h.lr = 1e-2;
   run_options ro;
   ro.clip = 2.0;
-  check_kokkos<adamw, fp32, precision<bf16, bf16>>({h}, ro, dtype::bf16);
+  check_executor<kokkos<>, adamw, fp32, precision<bf16, bf16>>({h}, ro, dtype::bf16);
 }
 
 BOOST_AUTO_TEST_CASE(lion_bf16_stochastic_rounding) {
-  lion::hyper_params h;
-  h.lr = 1e-3;
-  h.weight_decay = 0.1;
-  run_options ro;
-  ro.options.master_weights = false;
-  ro.options.seed = 7;
-  check_kokkos<lion, fp32, precision<bf16, float>>({h}, ro, dtype::bf16);
+  check_executor<kokkos<>, lion, fp32, precision<bf16, float>>({cases::lion_decayed()}, cases::stochastic_rounding(),
+                                                               dtype::bf16);
 }
 
 BOOST_AUTO_TEST_CASE(adam_fp16_dynamic_loss_scaling) {
-  run_options ro;
-  ro.options.loss_scale = dynamic_loss_scale{};
-  ro.nan_step = 3;  // one overflow: the step is skipped and the scale backs off
-  check_kokkos<adam, fp32, precision<fp16, fp16>>({adam::hyper_params{}}, ro, dtype::f16);
+  check_executor<kokkos<>, adam, fp32, precision<fp16, fp16>>({adam::hyper_params{}}, cases::fp16_loss_scaling(),
+                                                              dtype::f16);
 }
 
 BOOST_AUTO_TEST_CASE(q8_adamw_with_percentile_clipping) {
   adamw::hyper_params h;
   h.lr = 1e-2;
-  run_options ro;
-  ro.steps = 30;
-  ro.clip = 1.0;
-  ro.options.min_8bit_size = 256;  // the larger tensors quantized, the smaller fp32
-  ro.options.percentile_clipping = 5;
-  check_kokkos<adamw, q8, precision<float>>({h}, ro);
+  check_executor<kokkos<>, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -4,10 +4,11 @@
 // Adafactor's and CAME's row and column statistics, on layouts whose matrices straddle
 // the shard cuts, give the CPU executor's bits on one rank and on d = 1..4 ranks.
 
-#include "kokkos_harness.hpp"
+#include "executor_harness.hpp"
 #include "layerwise_cases.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <distopt/exec/kokkos.hpp>
 
 using namespace distopt;
 using namespace harness;
@@ -15,16 +16,16 @@ using namespace harness;
 BOOST_AUTO_TEST_SUITE(kokkos_equals_cpu_layerwise)
 
 BOOST_AUTO_TEST_CASE(lamb_trust_ratios) {
-  check_kokkos<distopt::lamb, fp32, precision<float>>({lamb_case()}, run_options{}, dtype::f32, layerwise_layouts());
+  check_executor<kokkos<>, distopt::lamb, fp32, precision<float>>({lamb_case()}, run_options{}, dtype::f32, layerwise_layouts());
 }
 
 BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16_params_with_master) {
-  check_kokkos<distopt::adafactor, fp32, precision<bf16, bf16>>({adafactor_lr_beta1()}, run_options{}, dtype::bf16,
+  check_executor<kokkos<>, distopt::adafactor, fp32, precision<bf16, bf16>>({adafactor_lr_beta1()}, run_options{}, dtype::bf16,
                                                                 layerwise_layouts());
 }
 
 BOOST_AUTO_TEST_CASE(came_factored_statistics) {
-  check_kokkos<distopt::came, fp32, precision<float>>({came_case()}, run_options{}, dtype::f32, layerwise_layouts());
+  check_executor<kokkos<>, distopt::came, fp32, precision<float>>({came_case()}, run_options{}, dtype::f32, layerwise_layouts());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

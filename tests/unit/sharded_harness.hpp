@@ -79,24 +79,27 @@ struct run_options {
 };
 
 /// Sets the initial params, then for each step writes the grads, clips, steps and zeroes.
+/// Values go in through distopt::upload, so that executors of device memory run it too.
 template <class Opt>
 void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
   using P = typename Opt::param_type;
   using G = typename Opt::grad_type;
   const auto tensors = opt.tensors().tensors();
   for (std::size_t t = 0; t < tensors.size(); ++t) {
-    auto p = opt.param(tensors[t].name);
+    std::vector<P> p(tensors[t].numel);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = from_float<P>(init_value(t, i));
+    upload(opt.executor(), p, opt.param(tensors[t].name));
   }
   for (int s = 0; s < ro.steps; ++s) {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      auto g = opt.grad(tensors[t].name);
+      std::vector<G> g(tensors[t].numel);
       for (std::size_t i = 0; i < g.size(); ++i) {
         float v = grad_value(s, t, i) * ro.rank0_factor;
         if (ro.divide_by != 0.0f) v /= ro.divide_by;
         g[i] = from_float<G>(rank == 0 ? v * static_cast<float>(opt.loss_scale()) : 0.0f);
       }
       if (s == ro.nan_step && rank == ro.nan_rank) g[g.size() / 2] = from_float<G>(std::nanf(""));
+      upload(opt.executor(), g, opt.grad(tensors[t].name));
     }
     if (ro.clip > 0) opt.clip_grad_norm(ro.clip);
     const step_result r = opt.step();
@@ -108,6 +111,15 @@ void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
   }
 }
 
+/// Copies view `v` (any memory space) of executor `e` into `dst` from element `first` on.
+template <class E, class View>
+void put_view(E& e, std::vector<unsigned char>& dst, std::size_t first, View v) {
+  using T = std::remove_const_t<typename View::element_type>;
+  std::vector<T> host(v.size());
+  download(e, v, std::span<T>(host));
+  put(dst, first, std::span<const T>(host));
+}
+
 /// Copies this rank's params (rank 0 only: they are all-gathered), master and states into `out`.
 template <class Opt>
 void collect(Opt& opt, int rank, outcome& out) {
@@ -115,26 +127,25 @@ void collect(Opt& opt, int rank, outcome& out) {
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     const auto& ts = tensors[t];
     if (rank == 0) {
-      auto p = opt.param(ts.name);
-      put(out.params[t], 0, std::span<const typename Opt::param_type>(p));
+      put_view(opt.executor(), out.params[t], 0, opt.param(ts.name));
     }
     if (!Opt::is_sharded && rank != 0) continue;  // replicated: every rank holds all of it
     try {
       auto m = opt.local_master(ts.name);
-      put(out.master[t], m.first, m.values);
+      put_view(opt.executor(), out.master[t], m.first, m.values);
     } catch (const std::logic_error&) {
     }
     for (std::size_t k = 0; k < out.states.size(); ++k) {
       if constexpr (Opt::is_quantized) {
         auto codes = opt.local_state_codes(ts.name, static_cast<int>(k));
-        put(out.states[k][t], codes.first, codes.values);
+        put_view(opt.executor(), out.states[k][t], codes.first, codes.values);
         auto amax = opt.local_state_absmax(ts.name, static_cast<int>(k));
-        put(out.absmax[k][t], amax.first, amax.values);
+        put_view(opt.executor(), out.absmax[k][t], amax.first, amax.values);
         auto v = opt.local_state_values(ts.name, static_cast<int>(k));
         put(out.decoded[k][t], v.first, std::span<const float>(v.values));
       } else {
         auto st = opt.local_state(ts.name, static_cast<int>(k));
-        put(out.states[k][t], st.first, st.values);
+        put_view(opt.executor(), out.states[k][t], st.first, st.values);
       }
     }
   }

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// The emulated device executor: its memory is closed to the host outside launches, copies
+// and collectives (a host read faults, shown in a forked child), its views do not convert
+// to host spans, and the optimizer run on it gives the CPU executor's bits: element-wise
+// policies with fp32, bf16 and 8-bit states, fp32, bf16 and fp16 params, clipping, loss scaling,
+// percentile clipping and fp32 grad reduction, one rank and d = 1..4 ranks as threads.
+
+#include "executor_harness.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace distopt;
+using namespace harness;
+
+namespace {
+
+/// Runs `f` in a forked child, with the default action for SIGSEGV and SIGBUS (Boost.Test
+/// would catch them and go on running the suite in the child) and its output silenced;
+/// true when the child did not exit normally with status 0.
+template <class F>
+bool child_fails(F f) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::signal(SIGSEGV, SIG_DFL);
+    std::signal(SIGBUS, SIG_DFL);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
+    f();
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+int open_count() { return detail::device_arenas::instance().opened(); }
+
+using device_adamw = optimizer<adamw, replicated<fp32>, single, emulated_device>;
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(emulated_device_executor)
+
+BOOST_AUTO_TEST_CASE(its_views_are_device_spans_that_give_no_host_access) {
+  static_assert(executor<emulated_device>);
+  static_assert(!host_memory<emulated_device> && host_memory<cpu>);
+  static_assert(!std::is_convertible_v<device_span<float>, std::span<float>>);
+  static_assert(!std::is_constructible_v<std::span<float>, device_span<float>>);
+  static_assert(std::is_convertible_v<device_span<float>, device_span<const float>>);
+  static_assert(!std::is_convertible_v<device_span<const float>, device_span<float>>);
+  static_assert(std::is_same_v<decltype(std::declval<device_adamw&>().param("")), device_span<float>>);
+  static_assert(std::is_same_v<decltype(std::declval<device_adamw&>().grads()), device_span<float>>);
+  static_assert(std::is_same_v<decltype(std::declval<device_adamw&>().local_state("", 0).values),
+                               device_span<const float>>);
+  static_assert(std::is_same_v<decltype(std::declval<optimizer<adamw>&>().param("")), std::span<float>>);
+  const device_span<float> s(nullptr, 10);
+  BOOST_TEST(s.subspan(4, 6).size() == 6u);
+  BOOST_CHECK_THROW(s.subspan(4, 7), std::out_of_range);
+}
+
+BOOST_AUTO_TEST_CASE(memory_is_zeroed_and_open_only_inside_launches_copies_and_scopes) {
+  emulated_device e(2);
+  const std::size_t n = 10007;
+  auto* p = static_cast<float*>(e.allocate_bytes(n * sizeof(float)));
+  BOOST_TEST(open_count() == 0);
+  // A child that reads host memory exits normally: the check below can fail.
+  std::vector<float> host(n, 1.0f);
+  BOOST_TEST(!child_fails([&] { volatile float x = host[5]; (void)x; }));
+  BOOST_TEST(child_fails([&] { volatile float x = p[5]; (void)x; }));  // device memory: faults
+  BOOST_TEST(child_fails([&] { p[n - 1] = 1.0f; }));
+
+  e.copy_bytes(host.data(), p, n * sizeof(float));
+  std::size_t nonzero = 0;
+  for (float v : host) nonzero += v != 0.0f;
+  BOOST_TEST(nonzero == 0u);
+
+  std::vector<std::atomic<int>> seen(n);
+  e.parallel_for(n, [&](std::size_t i) {
+    seen[i].fetch_add(1);
+    p[i] = static_cast<float>(i);  // a launch may
+  });
+  std::size_t wrong = 0;
+  for (auto& v : seen) wrong += v.load() != 1;
+  BOOST_TEST(wrong == 0u);
+  download(e, device_span<const float>(p, n), std::span<float>(host));
+  wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += host[i] != static_cast<float>(i);
+  BOOST_TEST(wrong == 0u);
+  BOOST_TEST(child_fails([&] { volatile float x = p[5]; (void)x; }));  // closed again
+
+  {
+    const auto open = e.open_memory();  // what a collective in flight holds
+    BOOST_TEST(open_count() == 1);
+    BOOST_TEST(p[7] == 7.0f);
+    BOOST_TEST(!child_fails([&] { volatile float x = p[5]; (void)x; }));
+  }
+  BOOST_TEST(open_count() == 0);
+  e.deallocate_bytes(p, n * sizeof(float));
+}
+
+BOOST_AUTO_TEST_CASE(an_exception_in_a_launch_reaches_the_caller_and_closes_the_memory) {
+  emulated_device e(2);
+  BOOST_CHECK_THROW(e.parallel_for(100,
+                                   [](std::size_t i) {
+                                     if (i == 17) throw std::runtime_error("item failed");
+                                   }),
+                    std::runtime_error);
+  BOOST_TEST(open_count() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_host_read_of_an_optimizer_view_faults_and_upload_download_do_not) {
+  layout l;
+  l.add("w", {64, 33}, dtype::f32);
+  device_adamw opt(l, adamw::hyper_params{}, {}, emulated_device(2));
+  std::vector<float> w(64 * 33, 0.25f), g(64 * 33, 0.5f);
+  upload(opt.executor(), w, opt.param("w"));
+  upload(opt.executor(), g, opt.grad("w"));
+  BOOST_TEST(!opt.step().skipped);
+  BOOST_TEST(open_count() == 0);
+  BOOST_TEST(child_fails([&] { volatile float x = opt.param("w").data()[0]; (void)x; }));
+  BOOST_TEST(child_fails([&] { opt.grad("w").data()[3] = 0.0f; }));
+  download(opt.executor(), opt.param("w"), std::span<float>(w));
+  BOOST_TEST(w[0] < 0.25f);  // one AdamW step moved it by about lr
+  BOOST_TEST(std::abs(opt.state_values("w", 0)[0] - 0.05f) < 1e-8f);  // exp_avg = (1 - beta1) g
+  std::vector<float> wrong_size(5);
+  try {
+    upload(opt.executor(), wrong_size, opt.param("w"));
+    BOOST_FAIL("no exception");
+  } catch (const std::invalid_argument& err) {
+    BOOST_TEST(std::string(err.what()) == "distopt::upload: 5 elements into a view of 2112");
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(emulated_equals_cpu)
+
+BOOST_AUTO_TEST_CASE(sgd_momentum_and_nesterov) {
+  check_executor<emulated_device, sgd, fp32, precision<float>>(cases::sgd_momentum_and_nesterov(), run_options{});
+}
+
+BOOST_AUTO_TEST_CASE(adam_amsgrad_bf16_states_two_threads) {
+  run_options ro;
+  ro.threads = 2;
+  check_executor<emulated_device, adam, bf16, precision<float>>({cases::adam_amsgrad()}, ro);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_clipped_with_percentile_clipping) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.clip = 1.0;
+  ro.options.percentile_clipping = 5;
+  check_executor<emulated_device, adamw, fp32, precision<float>>({h}, ro);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_bf16_params_with_master_reduced_in_fp32) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.clip = 2.0;
+  ro.options.grad_reduce_in_fp32 = true;
+  check_executor<emulated_device, adamw, fp32, precision<bf16, bf16>>({h}, ro, dtype::bf16);
+}
+
+BOOST_AUTO_TEST_CASE(lion_bf16_stochastic_rounding) {
+  check_executor<emulated_device, lion, fp32, precision<bf16, float>>({cases::lion_decayed()},
+                                                                      cases::stochastic_rounding(), dtype::bf16);
+}
+
+BOOST_AUTO_TEST_CASE(q8_adamw_with_percentile_clipping) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  check_executor<emulated_device, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
+}
+
+BOOST_AUTO_TEST_CASE(q8_lion_bf16_params_with_master) {
+  lion::hyper_params h;
+  h.lr = 1e-3;
+  run_options ro;
+  ro.options.min_8bit_size = 256;
+  check_executor<emulated_device, lion, q8, precision<bf16, bf16>>({h}, ro, dtype::bf16);
+}
+
+BOOST_AUTO_TEST_CASE(adam_fp16_dynamic_loss_scaling) {
+  check_executor<emulated_device, adam, fp32, precision<fp16, fp16>>({adam::hyper_params{}},
+                                                                     cases::fp16_loss_scaling(), dtype::f16);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
