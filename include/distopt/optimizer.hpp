@@ -224,10 +224,9 @@ class optimizer {
   static_assert(!projects || detail::engine_included<Policy, detail::projection_engine_tag>::value,
                 "distopt::optimizer: a projecting policy needs #include <distopt/detail/projection_engine.hpp> "
                 "(policy/galore_adamw.hpp includes it)");
-  static_assert(host_memory<Exec> || !(is_layerwise || projects),
-                "distopt::optimizer: on an executor of device memory (emulated_device) the "
-                "element-wise policies run (fp32, bf16 and q8 states); layer-wise policies and "
-                "GaLore still need an executor of host memory (cpu, kokkos)");
+  static_assert(host_memory<Exec> || !projects,
+                "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
+                "on device memory (emulated_device) the element-wise and layer-wise policies run");
   using comm_type = Comm;
   using executor_type = Exec;
   /// The memory space the buffers live in (the executor's).
@@ -631,7 +630,6 @@ class optimizer {
   /// `dir`: a std::filesystem::path or anything that converts to one.
   template <class Dir>
   void save(const Dir& dir) {
-    static_assert(host_memory<Exec>, "distopt::optimizer::save: checkpoints of device memory are not built yet");
     io::checkpoint_files<optimizer>::save(*this, dir);
   }
   /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the
@@ -640,7 +638,6 @@ class optimizer {
   /// on every rank and leaves this optimizer as it was. Collective, as save.
   template <class Dir>
   void load(const Dir& dir) {
-    static_assert(host_memory<Exec>, "distopt::optimizer::load: checkpoints of device memory are not built yet");
     io::checkpoint_files<optimizer>::load(*this, dir);
   }
 

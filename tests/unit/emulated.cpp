@@ -5,6 +5,7 @@
 // to host spans, and the optimizer run on it gives the CPU executor's bits: element-wise
 // policies with fp32, bf16 and 8-bit states, fp32, bf16 and fp16 params, clipping, loss scaling,
 // percentile clipping and fp32 grad reduction, one rank and d = 1..4 ranks as threads.
+// The layer-wise policies are in emulated_layerwise.cpp.
 
 #include "executor_harness.hpp"
 

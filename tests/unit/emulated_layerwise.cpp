@@ -1,0 +1,34 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// The layer-wise policies on the emulated device: Lamb's trust ratios and Adafactor's and
+// CAME's row and column statistics, on layouts whose matrices straddle the shard cuts,
+// give the CPU executor's bits on one rank and on d = 1..4 ranks. Their params, grads,
+// master weights and element states sit in device memory; the row and column states and
+// the statistics are still host vectors that the launches read.
+
+#include "executor_harness.hpp"
+#include "layerwise_cases.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+using namespace distopt;
+using namespace harness;
+
+BOOST_AUTO_TEST_SUITE(emulated_equals_cpu_layerwise)
+
+BOOST_AUTO_TEST_CASE(lamb_trust_ratios) {
+  check_executor<emulated_device, distopt::lamb, fp32, precision<float>>({lamb_case()}, run_options{}, dtype::f32,
+                                                                         layerwise_layouts());
+}
+
+BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16_params_with_master) {
+  check_executor<emulated_device, distopt::adafactor, fp32, precision<bf16, bf16>>(
+      {adafactor_lr_beta1()}, run_options{}, dtype::bf16, layerwise_layouts());
+}
+
+BOOST_AUTO_TEST_CASE(came_factored_statistics_bf16_states) {
+  check_executor<emulated_device, distopt::came, bf16, precision<float>>({came_case()}, run_options{}, dtype::f32,
+                                                                         layerwise_layouts());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
