@@ -430,6 +430,26 @@ struct checkpoint_access {
                              writes_tensor(o, i, whole)));
   }
 
+  /// add_slice_item for a slice of the optimizer's buffers. In device memory it is saved
+  /// from a host copy taken now, and installed by a copy through the executor.
+  template <class Opt, class T>
+  static void add_buffer_item(Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i,
+                              std::string suffix, std::string st_dtype, T* base, std::uint64_t total,
+                              std::uint64_t first, std::uint64_t count, std::vector<std::int64_t> shape) {
+    add_slice_item(o, out, i, std::move(suffix), std::move(st_dtype), base, total, first, count, std::move(shape));
+    if constexpr (!host_memory<typename Opt::executor_type>) {
+      distopt::detail::checkpoint_item& it = out.back();
+      const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(T);
+      auto host = std::make_shared<std::vector<std::byte>>(bytes);
+      if (it.save) distopt::detail::copy_bytes(o.exec_, host->data(), base, bytes);
+      it.source = host->data();
+      it.keep = std::move(host);
+      it.install = [exec = o.exec_, base, bytes](std::span<const std::byte> b) mutable {
+        distopt::detail::copy_bytes(exec, base, b.data(), bytes);
+      };
+    }
+  }
+
   /// The item add_slice_item describes, built apart from the optimizer's type (one copy of
   /// this code and of its install function per program, not one per optimizer and element type).
   static distopt::detail::checkpoint_item slice_item(std::string name, std::string st_dtype, std::size_t element_size,
@@ -482,10 +502,10 @@ struct checkpoint_access {
       std::size_t count = 0;
       for (std::size_t c = r.first; c < r.end; ++c) count += pieces[c].count;
       const std::uint64_t first = p0.layout - t.offset;
-      add_slice_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + p0.buffer, t.numel,
+      add_buffer_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + p0.buffer, t.numel,
                      first, count, t.shape);
       if (o.uses_master()) {
-        add_slice_item(o, out, i, "master", "F32", o.master_.data() + p0.local, t.numel, first, count, t.shape);
+        add_buffer_item(o, out, i, "master", "F32", o.master_.data() + p0.local, t.numel, first, count, t.shape);
         out.back().save = out.back().save && o.master_ready_;
         out.back().load = false;  // when the checkpoint has master weights (checkpoint_access decides)
       }
@@ -497,21 +517,21 @@ struct checkpoint_access {
         if constexpr (Opt::is_quantized) {
           const auto& q = o.q8_.pieces_[r.first];
           if (q.quantized) {
-            add_slice_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
+            add_buffer_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
             const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
-            add_slice_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block,
+            add_buffer_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block,
                            (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
           } else {
-            add_slice_item(o, out, i, slot, "F32", o.q8_.small_[k].data() + q.offset, t.numel, first, count, t.shape);
+            add_buffer_item(o, out, i, slot, "F32", o.q8_.small_[k].data() + q.offset, t.numel, first, count, t.shape);
           }
         } else if constexpr (Opt::is_layerwise) {
           if (!((o.layer_.lt_[i].slot_mask >> k) & 1u)) continue;
-          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first][static_cast<std::size_t>(k)],
+          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first][static_cast<std::size_t>(k)],
                          t.numel, first, count, t.shape);
         } else if constexpr (Opt::projects) {
-          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);
+          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);
         } else {
-          add_slice_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
+          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
         }
       }
       if (!o.gnorm_vec_.empty())  // percentile clipping: the tensor's norm history (its holders' is exact)

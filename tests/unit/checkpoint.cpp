@@ -61,16 +61,6 @@ struct snapshot {
   bool operator==(const snapshot&) const = default;
 };
 
-template <class Opt>
-void init_params(Opt& opt) {
-  using P = typename Opt::param_type;
-  const auto tensors = opt.tensors().tensors();
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    auto p = opt.param(tensors[t].name);
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = from_float<P>(harness::init_value(t, i));
-  }
-}
-
 /// Steps [s0, s1) with the rank-0 trick (sum reduction); clips when `clip` > 0.
 template <class Opt>
 void run_steps(Opt& opt, int rank, int s0, int s1, double clip) {
@@ -78,9 +68,10 @@ void run_steps(Opt& opt, int rank, int s0, int s1, double clip) {
   const auto tensors = opt.tensors().tensors();
   for (int s = s0; s < s1; ++s) {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
-      auto g = opt.grad(tensors[t].name);
+      std::vector<G> g(tensors[t].numel);
       for (std::size_t i = 0; i < g.size(); ++i)
         g[i] = from_float<G>(rank == 0 ? harness::grad_value(s, t, i) * static_cast<float>(opt.loss_scale()) : 0.0f);
+      upload(opt.executor(), g, opt.grad(tensors[t].name));
     }
     if (clip > 0) opt.clip_grad_norm(clip);
     opt.step();
@@ -117,19 +108,19 @@ void collect_whole(Opt& opt, snapshot& out, std::mutex& m) {
 
 /// One run on d ranks (threads): optionally load `from` first (else initialise the params),
 /// steps [s0, s1), optionally save to `to`; returns the state at the end.
-template <class Policy, class Storage, class Prec>
+template <class Policy, class Storage, class Prec, class Exec = cpu>
 snapshot run(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, optimizer_options o,
              int s0, int s1, const fs::path* from, const fs::path* to, double clip = 0) {
-  using opt_t = optimizer<Policy, Storage, threads, cpu, Prec>;
+  using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
   o.grad_reduce = reduce_op::sum;
   snapshot out;
   out.base = harness::blank<opt_t>(l, Policy::state_slots(h.front()));
   std::mutex m;
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, h, o, cpu(1), std::move(comm));
+    opt_t opt(l, h, o, Exec(1), std::move(comm));
     if (from) opt.load(*from);
-    else init_params(opt);
+    else harness::set_initial_params(opt);
     run_steps(opt, rank, s0, s1, clip);
     if (to) opt.save(*to);
     harness::collect(opt, rank, out.base);
@@ -168,6 +159,24 @@ void check_resharding(const std::string& tag, const layout& l, const std::vector
   run<Policy, Storage, Prec>(2, l, h, o, 0, K - 1, nullptr, &early.path, clip);
   const snapshot wrong = run<Policy, Storage, Prec>(3, l, h, o, K, K + N, &early.path, nullptr, clip);
   BOOST_TEST(!(wrong.base.params == reference.base.params));
+}
+
+/// Checkpoints of device memory (the emulated device): saved there and resumed on the CPU
+/// executor, and saved on the CPU and resumed there, on other numbers of ranks, give the
+/// uninterrupted CPU run.
+template <class Policy, class Storage, class Prec = precision<float>>
+void check_device_interchange(const std::string& tag, const layout& l,
+                              const std::vector<typename Policy::hyper_params>& h, optimizer_options o, int K, int N) {
+  const snapshot reference = run<Policy, Storage, Prec>(1, l, h, o, 0, K + N, nullptr, nullptr);
+  for (const auto& [d, d2] : {std::pair{1, 3}, std::pair{2, 1}, std::pair{3, 2}}) {
+    scratch_dir on_device(tag + "-device"), on_cpu(tag + "-cpu");
+    run<Policy, Storage, Prec, emulated_device>(d, l, h, o, 0, K, nullptr, &on_device.path);
+    BOOST_TEST((run<Policy, Storage, Prec>(d2, l, h, o, K, K + N, &on_device.path, nullptr) == reference),
+               tag << ": saved on the device on " << d << " ranks, resumed on cpu on " << d2);
+    run<Policy, Storage, Prec>(d, l, h, o, 0, K, nullptr, &on_cpu.path);
+    BOOST_TEST((run<Policy, Storage, Prec, emulated_device>(d2, l, h, o, K, K + N, &on_cpu.path, nullptr) == reference),
+               tag << ": saved on cpu on " << d << " ranks, resumed on the device on " << d2);
+  }
 }
 
 layout mixed_layout(dtype t) {
@@ -281,6 +290,31 @@ BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
 }
 #endif
 
+BOOST_AUTO_TEST_CASE(device_memory_adamw_bf16_master_loss_scale) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  optimizer_options o;
+  o.loss_scale = dynamic_loss_scale{1024.0, 2.0, 0.5, 2};
+  check_device_interchange<adamw, sharded<bf16>, precision<bf16, bf16>>("device-adamw-bf16", mixed_layout(dtype::bf16),
+                                                                        {h}, o, 3, 3);
+}
+
+BOOST_AUTO_TEST_CASE(device_memory_adamw_q8_percentile) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  optimizer_options o;
+  o.min_8bit_size = 600;
+  o.percentile_clipping = 50;
+  check_device_interchange<adamw, sharded<q8>>("device-adamw-q8", mixed_layout(dtype::f32), {h}, o, 4, 3);
+}
+
+BOOST_AUTO_TEST_CASE(device_memory_adafactor_beta1_bf16) {
+  adafactor::hyper_params h;
+  h.beta1 = 0.9;
+  check_device_interchange<adafactor, sharded<fp32>, precision<bf16>>("device-adafactor", mixed_layout(dtype::bf16),
+                                                                      {h}, {}, 3, 3);
+}
+
 BOOST_AUTO_TEST_CASE(replicated_and_sharded_interchange) {
   // A sharded checkpoint loads into replicated storage and back.
   adamw::hyper_params h;
@@ -326,7 +360,7 @@ std::vector<std::string> refused_load(const fs::path& dir, int d, const layout& 
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
     ref_opt opt(l, {ref_hyper()}, o, cpu(1), std::move(comm));
-    init_params(opt);
+    harness::set_initial_params(opt);
     run_steps(opt, rank, 0, 2, 0);
     harness::outcome before = harness::blank<ref_opt>(l, 2), after = before;
     harness::collect(opt, 0, before);  // every rank its own part, as rank 0 would
@@ -486,7 +520,7 @@ BOOST_AUTO_TEST_CASE(killed_writer_leaves_a_loadable_checkpoint) {
   std::vector<std::vector<float>> after(12);
   {
     opt_t opt(l, h);
-    init_params(opt);
+    harness::set_initial_params(opt);
     for (int s = 1; s < 12; ++s) {
       run_steps(opt, 0, s - 1, s, 0);
       auto p = opt.param("w");
@@ -495,7 +529,7 @@ BOOST_AUTO_TEST_CASE(killed_writer_leaves_a_loadable_checkpoint) {
   }
   {
     opt_t opt(l, h);
-    init_params(opt);
+    harness::set_initial_params(opt);
     run_steps(opt, 0, 0, 1, 0);
     opt.save(dir.path);
   }

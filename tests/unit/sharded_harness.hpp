@@ -78,18 +78,25 @@ struct run_options {
   distopt::optimizer_options options{};
 };
 
-/// Sets the initial params, then for each step writes the grads, clips, steps and zeroes.
-/// Values go in through distopt::upload, so that executors of device memory run it too.
+/// Writes the initial params (init_value) through distopt::upload, so that executors of
+/// device memory run it too.
 template <class Opt>
-void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
+void set_initial_params(Opt& opt) {
   using P = typename Opt::param_type;
-  using G = typename Opt::grad_type;
   const auto tensors = opt.tensors().tensors();
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     std::vector<P> p(tensors[t].numel);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = from_float<P>(init_value(t, i));
     upload(opt.executor(), p, opt.param(tensors[t].name));
   }
+}
+
+/// Sets the initial params, then for each step writes the grads, clips, steps and zeroes.
+template <class Opt>
+void drive(Opt& opt, int rank, const run_options& ro, outcome* out) {
+  using G = typename Opt::grad_type;
+  const auto tensors = opt.tensors().tensors();
+  set_initial_params(opt);
   for (int s = 0; s < ro.steps; ++s) {
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       std::vector<G> g(tensors[t].numel);

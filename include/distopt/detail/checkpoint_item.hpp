@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <memory>
 #include <vector>
 
 namespace distopt::detail {
@@ -28,6 +29,7 @@ struct checkpoint_item {
   bool save = false;                 ///< this rank writes its slice (one writer per element)
   bool load = false;                 ///< this rank reads its slice on load
   const std::byte* source = nullptr; ///< count * element_size bytes, for save
+  std::shared_ptr<const void> keep;  ///< owns `source` when it is a host copy of device memory
   /// Load: takes the slice's bytes once every rank has read and checked its own.
   std::function<void(std::span<const std::byte>)> install;
 };
