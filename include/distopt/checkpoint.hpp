@@ -431,7 +431,8 @@ struct checkpoint_access {
   }
 
   /// add_slice_item for a slice of the optimizer's buffers. In device memory it is saved
-  /// from a host copy taken now, and installed by a copy through the executor.
+  /// from a host copy made when the file is written, and installed by a copy through the
+  /// executor.
   template <class Opt, class T>
   static void add_buffer_item(Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i,
                               std::string suffix, std::string st_dtype, T* base, std::uint64_t total,
@@ -440,10 +441,12 @@ struct checkpoint_access {
     if constexpr (!host_memory<typename Opt::executor_type>) {
       distopt::detail::checkpoint_item& it = out.back();
       const std::size_t bytes = static_cast<std::size_t>(count) * sizeof(T);
-      auto host = std::make_shared<std::vector<std::byte>>(bytes);
-      if (it.save) distopt::detail::copy_bytes(o.exec_, host->data(), base, bytes);
-      it.source = host->data();
-      it.keep = std::move(host);
+      it.source = nullptr;
+      it.fetch = [exec = o.exec_, base, bytes, host = std::make_shared<std::vector<std::byte>>()]() mutable {
+        host->resize(bytes);
+        distopt::detail::copy_bytes(exec, host->data(), base, bytes);
+        return static_cast<const std::byte*>(host->data());
+      };
       it.install = [exec = o.exec_, base, bytes](std::span<const std::byte> b) mutable {
         distopt::detail::copy_bytes(exec, base, b.data(), bytes);
       };
@@ -729,10 +732,11 @@ inline void save_checkpoint(const checkpoint_party& party, const std::filesystem
     for (std::size_t k = 0; k < items.size(); ++k) {
       const auto& it = items[k];
       if (!it.save) continue;
-      hashes[k] = detail::chunk_hashes(it.source, it.first, it.count, it.element_size);
+      const std::byte* source = it.fetch ? it.fetch() : it.source;  // kept alive by `items`
+      hashes[k] = detail::chunk_hashes(source, it.first, it.count, it.element_size);
       const bool whole = it.first == 0 && it.count == it.total;
       w.add_view(it.name, it.dtype, whole ? it.shape : std::vector<std::int64_t>{static_cast<std::int64_t>(it.count)},
-                 std::span<const std::byte>(it.source, it.count * it.element_size));
+                 std::span<const std::byte>(source, it.count * it.element_size));
     }
     w.set_metadata("distopt.generation", generation);
     w.set_metadata("distopt.rank", "tp " + std::to_string(t) + " of " + std::to_string(tps) + ", rank " +

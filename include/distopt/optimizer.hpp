@@ -678,8 +678,7 @@ class optimizer {
   void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op, std::size_t k, bool async) {
     if constexpr (async_communicator<Comm>) {
       if (async) {
-        pending_.resize(plan_.buckets().size());
-        in_flight_.push_back(detail::collective_scope(exec_));
+        hold_bucket(k);
         if constexpr (is_sharded) pending_[k] = comm_.ireduce_scatter(std::span<const T>(bucket), mine, op);
         else pending_[k] = comm_.iall_reduce(bucket, op);
         return;
@@ -700,8 +699,7 @@ class optimizer {
     const std::span<param_type> out(p, b.padded());
     if constexpr (async_communicator<Comm>) {
       if (async) {
-        pending_.resize(plan_.buckets().size());
-        in_flight_.push_back(detail::collective_scope(exec_));
+        hold_bucket(k);
         pending_[k] = comm_.iall_gather(in, out);
         return;
       }
@@ -710,9 +708,17 @@ class optimizer {
     comm_.all_gather(in, out);
   }
 
+  /// Keeps the executor's memory open for bucket `k`'s collective until it is waited for.
+  void hold_bucket(std::size_t k) {
+    pending_.resize(plan_.buckets().size());
+    in_flight_.resize(plan_.buckets().size());
+    in_flight_[k].emplace(detail::collective_scope(exec_));
+  }
   /// Waits for bucket `k`'s collective in flight, if any.
   void wait_bucket(std::size_t k) {
-    if (k < pending_.size()) pending_[k].wait();
+    if (k >= pending_.size()) return;
+    pending_[k].wait();
+    in_flight_[k].reset();
   }
   /// Waits for every collective in flight, in bucket order (the first failure is rethrown
   /// after all have finished, so no buffer is left in use).
@@ -725,7 +731,7 @@ class optimizer {
         if (!first) first = std::current_exception();
       }
     }
-    in_flight_.clear();
+    for (auto& s : in_flight_) s.reset();
     if (first) std::rethrow_exception(first);
   }
 
@@ -960,9 +966,11 @@ class optimizer {
   std::vector<bool> state_started_;  // per group: has its state been used yet
   bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
+  // Per bucket: what its collective in flight holds open (the emulated device's memory)
+  // until it is waited for. Declared before pending_, so that it is destroyed after the
+  // requests, which wait for their collectives.
+  std::vector<std::optional<decltype(detail::collective_scope(std::declval<Exec&>()))>> in_flight_;
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
-  // What the collectives in flight hold open (the emulated device's memory), until wait_pending.
-  std::vector<decltype(detail::collective_scope(std::declval<Exec&>()))> in_flight_;
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;

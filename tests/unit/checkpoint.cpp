@@ -161,6 +161,7 @@ void check_resharding(const std::string& tag, const layout& l, const std::vector
   BOOST_TEST(!(wrong.base.params == reference.base.params));
 }
 
+#if defined(__linux__)
 /// Checkpoints of device memory (the emulated device): saved there and resumed on the CPU
 /// executor, and saved on the CPU and resumed there, on other numbers of ranks, give the
 /// uninterrupted CPU run.
@@ -178,6 +179,7 @@ void check_device_interchange(const std::string& tag, const layout& l,
                tag << ": saved on cpu on " << d << " ranks, resumed on the device on " << d2);
   }
 }
+#endif
 
 layout mixed_layout(dtype t) {
   layout l;
@@ -290,6 +292,7 @@ BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
 }
 #endif
 
+#if defined(__linux__)  // the emulated device (mmap)
 BOOST_AUTO_TEST_CASE(device_memory_adamw_bf16_master_loss_scale) {
   adamw::hyper_params h;
   h.lr = 1e-2;
@@ -314,6 +317,7 @@ BOOST_AUTO_TEST_CASE(device_memory_adafactor_beta1_bf16) {
   check_device_interchange<adafactor, sharded<fp32>, precision<bf16>>("device-adafactor", mixed_layout(dtype::bf16),
                                                                       {h}, {}, 3, 3);
 }
+#endif
 
 BOOST_AUTO_TEST_CASE(replicated_and_sharded_interchange) {
   // A sharded checkpoint loads into replicated storage and back.

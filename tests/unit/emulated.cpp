@@ -151,6 +151,20 @@ BOOST_AUTO_TEST_CASE(a_host_read_of_an_optimizer_view_faults_and_upload_download
   }
 }
 
+BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_with_collectives_in_flight_closes_the_memory_after_them) {
+  layout l;
+  l.add("w", {3000}, dtype::f32);
+  l.add("b", {700}, dtype::f32);
+  optimizer_options o;
+  o.bucket_elems = 1000;  // several buckets, each reduce-scatter left in flight
+  run_ranks(3, [&](threads& comm) {
+    optimizer<adamw, sharded<fp32>, threads, emulated_device> opt(l, adamw::hyper_params{}, o, emulated_device(1),
+                                                                   std::move(comm));
+    opt.reduce_grads();
+  });
+  BOOST_TEST(open_count() == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(emulated_equals_cpu)

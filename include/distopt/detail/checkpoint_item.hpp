@@ -12,7 +12,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <memory>
 #include <vector>
 
 namespace distopt::detail {
@@ -29,7 +28,9 @@ struct checkpoint_item {
   bool save = false;                 ///< this rank writes its slice (one writer per element)
   bool load = false;                 ///< this rank reads its slice on load
   const std::byte* source = nullptr; ///< count * element_size bytes, for save
-  std::shared_ptr<const void> keep;  ///< owns `source` when it is a host copy of device memory
+  /// Device memory: copies the slice to the host (on save only) and returns it; `source`
+  /// is then unused.
+  std::function<const std::byte*()> fetch;
   /// Load: takes the slice's bytes once every rank has read and checked its own.
   std::function<void(std::span<const std::byte>)> install;
 };

@@ -68,7 +68,12 @@ DISTOPT_CORE_FN void* device_arenas::allocate(std::size_t bytes) {
   const std::size_t n = rounded(bytes);
   void* p = ::mmap(nullptr, n, open_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();  // anonymous pages are zero-filled
-  arenas_.emplace(p, n);
+  try {
+    arenas_.emplace(p, n);
+  } catch (...) {
+    ::munmap(p, n);
+    throw;
+  }
   return p;
 }
 
