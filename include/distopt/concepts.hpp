@@ -223,6 +223,27 @@ concept executor =
 template <class E>
 inline constexpr bool host_memory = std::is_same_v<typename E::memory_space, host_space>;
 
+/// True when executor E runs host functions: any callable passed to its parallel_for,
+/// lambdas that capture host references included (cpu, kokkos on a host space,
+/// emulated_device). False for an executor that declares `static constexpr bool
+/// runs_host_functions = false` (cuda): it runs device code only, the trivially copyable
+/// phases of distopt/engine/phases.hpp, so the optimizer's parts that are still host
+/// loops (the layer-wise, q8 and projection engines) are refused on it at compile time.
+template <class E>
+inline constexpr bool runs_host_functions = true;
+template <class E>
+  requires requires { E::runs_host_functions; }
+inline constexpr bool runs_host_functions<E> = E::runs_host_functions;
+
+/// True for a communicator whose collectives take device memory (it declares `static
+/// constexpr bool collectives_in_device_memory = true`: nccl); false for those of host
+/// memory (single, threads, mpi, any_comm).
+template <class C>
+inline constexpr bool collectives_in_device_memory = false;
+template <class C>
+  requires requires { C::collectives_in_device_memory; }
+inline constexpr bool collectives_in_device_memory<C> = C::collectives_in_device_memory;
+
 /// An executor of type E with `threads` threads where E takes a thread count (cpu), else
 /// E's default (kokkos: its space's own threads), for code generic over executors.
 template <executor E>

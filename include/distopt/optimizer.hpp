@@ -28,6 +28,7 @@
 #include "detail/layout_check.hpp"
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
+#include "engine/phases.hpp"
 #include "exec/cpu.hpp"
 #include "exec/transfer.hpp"
 #include "layerwise.hpp"
@@ -227,6 +228,14 @@ class optimizer {
   static_assert(host_memory<Exec> || !projects,
                 "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
                 "on device memory (emulated_device) the element-wise and layer-wise policies run");
+  static_assert(runs_host_functions<Exec> || (!is_layerwise && !is_quantized && !projects),
+                "distopt::optimizer: on a device-only executor (distopt::cuda) the element-wise policies "
+                "(sgd, adam, adamw, lion, custom ones) run with fp32 or bf16 states; the layer-wise, q8 and "
+                "GaLore engines are still host loops (they run on cpu, kokkos and emulated_device)");
+  static_assert(runs_host_functions<Exec> || !collectives_in_device_memory<Comm>,
+                "distopt::optimizer: on a device-only executor (distopt::cuda) the communicator is a host "
+                "one for now (single, threads, mpi, any_comm: buckets are staged through host memory); nccl "
+                "on cuda is not wired in yet");
   using comm_type = Comm;
   using executor_type = Exec;
   /// The memory space the buffers live in (the executor's).
@@ -257,6 +266,10 @@ class optimizer {
     const int d = comm_.size();
     plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
                                options_.bucket_elems, chunk_elems);
+    if constexpr (!host_memory<Exec>) {  // the piece table, read by the phases in a launch
+      pieces_dev_ = detail::buffer<detail::shard_piece, Exec>(exec_, plan_.pieces().size());
+      detail::copy_bytes(exec_, pieces_dev_.data(), plan_.pieces().data(), pieces_dev_.bytes());
+    }
     params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
     grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     if (reduces_in_fp32()) {
@@ -458,12 +471,11 @@ class optimizer {
   /// Sets every grad to zero.
   void zero_grad() {
     wait_pending();  // a reduction still reading the grads
-    grad_type* g = grads_.data();
-    const std::size_t per = chunk_elems;
-    const std::size_t n = grads_.size();
-    exec_.parallel_for((n + per - 1) / per, [&](std::size_t c) {
-      std::fill(g + c * per, g + std::min(n, (c + 1) * per), grad_type{});
-    });
+    detail::zero_phase<grad_type> zero;
+    zero.n = grads_.size();
+    zero.chunk = chunk_elems;
+    zero.data = grads_.data();
+    detail::launch(exec_, zero.items(), zero);
     reduced_ = false;
   }
 
@@ -484,10 +496,12 @@ class optimizer {
       if (reduces_in_fp32()) {
         // One staging bucket: converted, reduced (blocking) and reused for the next.
         float* st = staging_.data();
-        const grad_type* g = grads_.data() + b.buffer_begin;
-        exec_.parallel_for((n + chunk_elems - 1) / chunk_elems, [&](std::size_t c) {
-          for (std::size_t i = c * chunk_elems; i < std::min(n, (c + 1) * chunk_elems); ++i) st[i] = to_float(g[i]);
-        });
+        detail::widen_phase<grad_type> widen;
+        widen.n = n;
+        widen.chunk = chunk_elems;
+        widen.src = grads_.data() + b.buffer_begin;
+        widen.dst = st;
+        detail::launch(exec_, widen.items(), widen);
         reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_elems),
                              op, k, false);
       } else {
@@ -565,13 +579,11 @@ class optimizer {
   /// the first step, call it again after overwriting params by hand.
   void load_master_from_params() {
     if (!uses_master()) return;
-    const param_type* p = params_.data();
-    float* m = master_.data();
-    const auto& pieces = plan_.pieces();
-    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
-      const detail::shard_piece& pc = pieces[c];
-      for (std::size_t i = 0; i < pc.count; ++i) m[pc.local + i] = to_float(p[pc.buffer + i]);
-    });
+    detail::master_load_phase<param_type> load;
+    load.pieces = exec_pieces();
+    load.params = params_.data();
+    load.master = master_.data();
+    detail::launch(exec_, plan_.pieces().size(), load);
     master_ready_ = true;
   }
 
@@ -676,6 +688,19 @@ class optimizer {
   /// so that later buckets' reductions overlap earlier buckets' updates.
   template <class T>
   void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op, std::size_t k, bool async) {
+    if constexpr (stages_collectives) {
+      const std::span<T> in = staged<T>(stage_in_, bucket.size());
+      detail::copy_bytes(exec_, in.data(), bucket.data(), bucket.size_bytes());
+      if constexpr (is_sharded) {
+        const std::span<T> out = staged<T>(stage_out_, mine.size());
+        comm_.reduce_scatter(std::span<const T>(in), out, op);
+        detail::copy_bytes(exec_, mine.data(), out.data(), mine.size_bytes());
+      } else {
+        comm_.all_reduce(in, op);
+        detail::copy_bytes(exec_, bucket.data(), in.data(), bucket.size_bytes());
+      }
+      return;
+    }
     if constexpr (async_communicator<Comm>) {
       if (async) {
         hold_bucket(k);
@@ -697,6 +722,14 @@ class optimizer {
     param_type* p = params_.data() + b.buffer_begin;
     const std::span<const param_type> in(p + plan_.rank() * b.shard_elems, b.shard_elems);
     const std::span<param_type> out(p, b.padded());
+    if constexpr (stages_collectives) {
+      const std::span<param_type> host_in = staged<param_type>(stage_in_, in.size());
+      const std::span<param_type> host_out = staged<param_type>(stage_out_, out.size());
+      detail::copy_bytes(exec_, host_in.data(), in.data(), in.size_bytes());
+      comm_.all_gather(std::span<const param_type>(host_in), host_out);
+      detail::copy_bytes(exec_, out.data(), host_out.data(), out.size_bytes());
+      return;
+    }
     if constexpr (async_communicator<Comm>) {
       if (async) {
         hold_bucket(k);
@@ -706,6 +739,19 @@ class optimizer {
     }
     [[maybe_unused]] const auto open = detail::collective_scope(exec_);
     comm_.all_gather(in, out);
+  }
+
+  /// Collectives on the memory of an executor that runs device code only (cuda), with a
+  /// communicator of host memory: each bucket is copied to host memory, reduced or
+  /// gathered there (blocking, in the communicator's own order: the same bits), and copied
+  /// back. The emulated device's collectives read its memory directly, inside a scope.
+  static constexpr bool stages_collectives = !runs_host_functions<Exec> && !host_memory<Exec>;
+  /// `n` elements of T in host staging buffer `b` (grown as needed).
+  template <class T>
+  static std::span<T> staged(std::vector<std::byte>& b, std::size_t n) {
+    static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+    if (b.size() < n * sizeof(T)) b.resize(n * sizeof(T));
+    return {reinterpret_cast<T*>(b.data()), n};
   }
 
   /// Keeps the executor's memory open for bucket `k`'s collective until it is waited for.
@@ -807,21 +853,22 @@ class optimizer {
   template <class G>
   detail::exact_sum local_squares(const G* base, double inv) {
     const auto& pieces = plan_.pieces();
-    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
-    const bool skip_replicated = (model_parallel_ || tp_) && tp_rank_ != 0;
-    const std::size_t per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
-    const std::size_t items = (pieces.size() + per - 1) / per;
-    std::vector<detail::exact_sum> acc(items);
-    const std::size_t block = layout_.block_size();
-    exec_.parallel_for(items, [&](std::size_t w) {
-      for (std::size_t c = w * per; c < std::min(pieces.size(), (w + 1) * per); ++c) {
-        const detail::shard_piece& pc = pieces[c];
-        if (skip_replicated && layout_.tensors()[pc.tensor].tp == tp_split::none) continue;
-        detail::add_block_squares(acc[w], base + (local ? pc.local : pc.buffer), inv, pc.count, block);
-      }
-    });
+    detail::squares_phase<G> sq;
+    sq.pieces = exec_pieces();
+    sq.piece_count = pieces.size();
+    sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
+    sq.grads = base;
+    sq.grads_local = std::is_same_v<G, float> && reduces_in_fp32();
+    sq.scale = inv;
+    sq.block = layout_.block_size();
+    std::vector<unsigned char> skip;  // read by the launch below (host executors)
+    if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
+      skip.resize(pieces.size());
+      for (std::size_t c = 0; c < pieces.size(); ++c) skip[c] = layout_.tensors()[pieces[c].tensor].tp == tp_split::none;
+      sq.skip = in_exec(skip, step_skip_);
+    }
     detail::exact_sum total;
-    for (const auto& a : acc) total.add(a);
+    for (const auto& a : run_squares(sq)) total.add(a);
     return total;
   }
 
@@ -833,28 +880,78 @@ class optimizer {
   }
 
   template <detail::param_mode Mode, int N, class G>
-  void run_with(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
-                std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
+  void run_q8(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
+              std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
     const auto& pieces = plan_.pieces();
-    const bool local = std::is_same_v<G, float> && reduces_in_fp32();
     exec_.parallel_for(b.end_piece - b.first_piece, [&](std::size_t c) {
       const detail::shard_piece& pc = pieces[b.first_piece + c];
       if (active[static_cast<std::size_t>(pc.group)] != N) return;
       if constexpr (projects)
         if (proj_.matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
       const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
-      if constexpr (is_quantized) {
-        q8_.template run_piece<Mode, N>(*this, sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
-      } else {
-        std::size_t at = pc.local;
-        if constexpr (projects) at = proj_.state_offset_[b.first_piece + c];
-        detail::update_args<param_type, G, state_type> a{
-            params_.data() + pc.buffer, grads + (local ? pc.local : pc.buffer),
-            uses_master() ? master_.data() + pc.local : nullptr, {}, scale, key, pc.layout};
-        for (int k = 0; k < N; ++k) a.state[k] = states_[k].data() + at;
-        detail::update_range<Policy, N, Mode>(sc[static_cast<std::size_t>(pc.group)], a, pc.count);
-      }
+      q8_.template run_piece<Mode, N>(*this, sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
     });
+  }
+
+  /// The element update phase of bucket `b`'s pieces whose group uses N state slots;
+  /// `sc`, `slots` and `tensor_scale` are in the executor's memory.
+  template <detail::param_mode Mode, int N, class G>
+  void launch_update(const typename Policy::scalars* sc, const int* slots, const float* tensor_scale,
+                     const G* grads, float grad_scale, std::uint64_t key, const detail::shard_bucket& b) {
+    detail::update_phase<Policy, N, Mode, param_type, G, state_type> u;
+    u.pieces = exec_pieces() + b.first_piece;
+    u.scalars = sc;
+    u.slots = slots;
+    u.tensor_scale = tensor_scale;
+    if constexpr (projects) {
+      u.matrix_index = proj_.matrix_index_.data();
+      u.state_at = proj_.state_offset_.data() + b.first_piece;
+    }
+    u.params = params_.data();
+    u.grads = grads;
+    u.grads_local = std::is_same_v<G, float> && reduces_in_fp32();
+    u.master = uses_master() ? master_.data() : nullptr;
+    for (int k = 0; k < N; ++k) u.state[k] = states_[k].data();
+    u.grad_scale = grad_scale;
+    u.key = key;
+    detail::launch(exec_, b.end_piece - b.first_piece, u);
+  }
+
+  /// Runs a squares phase over its items and returns their exact sums on the host (a copy
+  /// out of the executor's memory when it is a device's).
+  template <class G>
+  std::vector<detail::exact_sum> run_squares(detail::squares_phase<G> sq) {
+    const std::size_t items = (sq.piece_count + sq.per - 1) / sq.per;
+    std::vector<detail::exact_sum> sums(items);
+    if constexpr (host_memory<Exec>) {
+      sq.out = sums.data();
+      detail::launch(exec_, items, sq);
+    } else {
+      if (step_sums_.size() < items) step_sums_ = detail::buffer<detail::exact_sum, Exec>(exec_, items);
+      detail::copy_bytes(exec_, step_sums_.data(), sums.data(), items * sizeof(detail::exact_sum));  // zeros
+      sq.out = step_sums_.data();
+      detail::launch(exec_, items, sq);
+      detail::copy_bytes(exec_, sums.data(), step_sums_.data(), items * sizeof(detail::exact_sum));
+    }
+    return sums;
+  }
+
+  /// The piece table as the phases read it: in the executor's memory.
+  const detail::shard_piece* exec_pieces() const noexcept {
+    if constexpr (host_memory<Exec>) return plan_.pieces().data();
+    else return pieces_dev_.data();
+  }
+  /// `v` where a launch can read it: its own data in host memory, else a copy in `dev`
+  /// (grown as needed).
+  template <class T>
+  const T* in_exec(const std::vector<T>& v, detail::buffer<T, Exec>& dev) {
+    if constexpr (host_memory<Exec>) {
+      return v.data();
+    } else {
+      if (dev.size() < v.size()) dev = detail::buffer<T, Exec>(exec_, v.size());
+      detail::copy_bytes(exec_, dev.data(), v.data(), v.size() * sizeof(T));
+      return dev.data();
+    }
   }
 
   /// Updates bucket by bucket: waits for a bucket's reduction, updates its pieces (one
@@ -864,14 +961,26 @@ class optimizer {
   void run_mode(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
                 std::uint64_t key, const std::vector<int>& active) {
     const auto& buckets = plan_.buckets();
+    // This step's per-group scalars and slot counts, and per-tensor scales, where the
+    // update phase reads them (copied once per step into device memory).
+    const typename Policy::scalars* sc_x = nullptr;
+    const int* slots_x = nullptr;
+    const float* tensor_scale_x = nullptr;
+    if constexpr (!is_quantized) {
+      sc_x = in_exec(sc, step_scalars_);
+      slots_x = in_exec(active, step_slots_);
+      if (!clip_scale_.empty()) tensor_scale_x = in_exec(clip_scale_, step_clip_scale_);
+    }
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
       if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
-        ((std::find(active.begin(), active.end(), N) != active.end()
-              ? run_with<Mode, N>(sc, grads, grad_scale, key, active, buckets[k])
-              : void()),
-         ...);
+        const auto run = [&]<int M>(std::integral_constant<int, M>) {
+          if (std::find(active.begin(), active.end(), M) == active.end()) return;
+          if constexpr (is_quantized) run_q8<Mode, M>(sc, grads, grad_scale, key, active, buckets[k]);
+          else launch_update<Mode, M>(sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
+        };
+        (run(std::integral_constant<int, N>{}), ...);
       }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
       if (options_.gather_params) start_gather(k, true);
     }
@@ -902,12 +1011,18 @@ class optimizer {
     const auto& pieces = plan_.pieces();
     const bool local = reduces_in_fp32();
     const double inv = 1.0 / loss_scale();
-    std::vector<detail::exact_sum> piece_sums(pieces.size());
-    exec_.parallel_for(pieces.size(), [&](std::size_t c) {
-      const detail::shard_piece& pc = pieces[c];
-      if (local) detail::add_block_squares(piece_sums[c], grads32_.data() + pc.local, inv, pc.count, layout_.block_size());
-      else detail::add_block_squares(piece_sums[c], grads_.data() + pc.buffer, inv, pc.count, layout_.block_size());
-    });
+    const auto piece_squares = [&](const auto* grads) {
+      detail::squares_phase<std::remove_cvref_t<decltype(*grads)>> sq;
+      sq.pieces = exec_pieces();
+      sq.piece_count = pieces.size();
+      sq.grads = grads;
+      sq.grads_local = local;
+      sq.scale = inv;
+      sq.block = layout_.block_size();
+      return run_squares(sq);
+    };
+    const std::vector<detail::exact_sum> piece_sums =
+        local ? piece_squares(grads32_.data()) : piece_squares(grads_.data());
     std::vector<detail::exact_sum> sums(tensors.size());
     for (std::size_t c = 0; c < pieces.size(); ++c) sums[pieces[c].tensor].add(piece_sums[c]);
     const auto all_reduce = [&](auto& group, const std::vector<std::size_t>& which) {
@@ -954,6 +1069,15 @@ class optimizer {
   detail::buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
   detail::buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   detail::buffer<float, Exec> master_;
+  // Device executors only: the piece table, and the per-step inputs the phases read, in
+  // the executor's memory (host executors read plan_ and the host vectors directly).
+  detail::buffer<detail::shard_piece, Exec> pieces_dev_;
+  detail::buffer<typename Policy::scalars, Exec> step_scalars_;
+  detail::buffer<int, Exec> step_slots_;
+  detail::buffer<float, Exec> step_clip_scale_;
+  detail::buffer<unsigned char, Exec> step_skip_;
+  detail::buffer<detail::exact_sum, Exec> step_sums_;
+  std::vector<std::byte> stage_in_, stage_out_;  // host copies of a bucket (stages_collectives)
   using stored_state = std::conditional_t<is_quantized, std::uint8_t, state_type>;
   std::array<detail::buffer<stored_state, Exec>, 4> states_;  // q8: the codes of 8-bit tensors
   // q8 only (detail/q8_engine.hpp): absmax, the fp32 states of small tensors, piece offsets.

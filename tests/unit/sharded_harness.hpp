@@ -209,4 +209,57 @@ outcome run_threads(int d, const layout& l, const std::vector<typename Policy::h
   return out;
 }
 
+/// Cases that every executor is held to (kokkos.cpp, emulated.cpp, tests/cuda/optimizer.cu).
+namespace cases {
+/// Two SGD groups: momentum with dampening and weight decay, and Nesterov.
+inline std::vector<sgd::hyper_params> sgd_momentum_and_nesterov() {
+  sgd::hyper_params m;
+  m.lr = 0.05;
+  m.momentum = 0.9;
+  m.dampening = 0.1;
+  m.weight_decay = 0.01;
+  sgd::hyper_params n;
+  n.lr = 0.05;
+  n.momentum = 0.8;
+  n.nesterov = true;
+  return {m, n};
+}
+inline adam::hyper_params adam_amsgrad() {
+  adam::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  h.amsgrad = true;
+  return h;
+}
+inline lion::hyper_params lion_decayed() {
+  lion::hyper_params h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  return h;
+}
+/// bf16 params without master weights: stochastic rounding, seeded.
+inline run_options stochastic_rounding() {
+  run_options ro;
+  ro.options.master_weights = false;
+  ro.options.seed = 7;
+  return ro;
+}
+/// q8 states on the larger tensors, fp32 on the smaller, with global and percentile clipping.
+inline run_options q8_percentile_clipping() {
+  run_options ro;
+  ro.steps = 30;
+  ro.clip = 1.0;
+  ro.options.min_8bit_size = 256;
+  ro.options.percentile_clipping = 5;
+  return ro;
+}
+/// fp16 params and grads with dynamic loss scaling and one overflow (a skipped step).
+inline run_options fp16_loss_scaling() {
+  run_options ro;
+  ro.options.loss_scale = dynamic_loss_scale{};
+  ro.nan_step = 3;
+  return ro;
+}
+}  // namespace cases
+
 }  // namespace harness

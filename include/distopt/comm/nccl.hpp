@@ -233,6 +233,8 @@ bool ranges_overlap(const T* a, std::size_t na, const T* b, std::size_t nb) noex
 class nccl {
  public:
   using communicator_concept = communicator_tag;
+  /// Its collectives read and write device memory (NCCL's buffers).
+  static constexpr bool collectives_in_device_memory = true;
 
   /// Borrows `comm` and `stream` (which may be the legacy default stream, nullptr): both
   /// must outlive this handle, and `stream` must belong to the comm's device.

@@ -24,7 +24,8 @@
 
 namespace distopt::detail {
 
-/// The exact sum of non-negative doubles, plus counts of NaN and Inf terms.
+/// The exact sum of non-negative doubles, plus counts of NaN and Inf terms. Trivially
+/// copyable, all zero when empty; adding runs in host and device code.
 class exact_sum {
  public:
   /// 32-bit limbs from 2^-1074 (the smallest subnormal) up, with room for 2^64 terms of
@@ -36,9 +37,13 @@ class exact_sum {
   /// Adds a non-negative double exactly; NaN and +Inf are counted instead. Reads the
   /// mantissa and exponent from the bits (frexp and ldexp cost as much as a block of 256
   /// squares).
-  void add(double v) noexcept {
+  DISTOPT_HD void add(double v) noexcept {
+#if DISTOPT_DEVICE_CODE
+    const auto u = static_cast<std::uint64_t>(__double_as_longlong(v));
+#else
     std::uint64_t u;
     std::memcpy(&u, &v, sizeof u);
+#endif
     const int e = static_cast<int>((u >> 52) & 0x7ffu);
     const std::uint64_t frac = u & ((std::uint64_t{1} << 52) - 1);
     if (e == 0x7ff) {
@@ -63,7 +68,7 @@ class exact_sum {
   }
 
   /// Adds another accumulator exactly.
-  void add(const exact_sum& o) noexcept {
+  DISTOPT_HD void add(const exact_sum& o) noexcept {
     exact_sum t = o;
     t.normalize();
     normalize();
@@ -109,7 +114,7 @@ class exact_sum {
 
  private:
   /// Carries so that every limb is below 2^32.
-  void normalize() noexcept {
+  DISTOPT_HD void normalize() noexcept {
     std::uint64_t carry = 0;
     for (int i = 0; i < limbs; ++i) {
       const std::uint64_t v = limb_[i] + carry;
@@ -119,7 +124,7 @@ class exact_sum {
     pending_ = 0;
   }
 
-  std::array<std::uint64_t, limbs> limb_{};
+  std::uint64_t limb_[limbs] = {};  // a plain array: device code calls no std::array members
   std::uint64_t nans_ = 0, infs_ = 0;
   std::uint32_t pending_ = 0;
 };

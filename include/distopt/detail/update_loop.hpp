@@ -89,7 +89,7 @@ DISTOPT_HD DISTOPT_INLINE void update_one(const typename Policy::scalars& s, Par
 
 /// Updates the `n` elements `a` points to, with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
-DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
+DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
                                      std::size_t n) {
   Param* DISTOPT_RESTRICT p = a.param;
   const Grad* DISTOPT_RESTRICT g = a.grad;
@@ -140,9 +140,9 @@ DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, 
 /// cut into runs, as long as runs start on block boundaries. One call per run, not per
 /// block: a call through the clone dispatch costs as much as summing 100 elements.
 template <class Grad>
-DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
-                                          std::size_t block) {
-  for (std::size_t b = 0; b < n; b += block) acc.add(sum_of_squares(g + b, scale, std::min(block, n - b)));
+DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
+                                                     std::size_t block) {
+  for (std::size_t b = 0; b < n; b += block) acc.add(sum_of_squares(g + b, scale, n - b < block ? n - b : block));
 }
 
 }  // namespace distopt::detail

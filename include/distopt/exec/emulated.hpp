@@ -160,6 +160,18 @@ class emulated_device {
     host_.parallel_for(n, std::forward<F>(f));
   }
 
+  /// Runs a phase (distopt/engine/phases.hpp; detail::launch calls it) as a device kernel
+  /// does: the phase taken by value, and each item's elements one call per element, last
+  /// first, so that the element offsets a device thread passes are exercised here too and
+  /// no order within an item is assumed. Items are spread over the threads.
+  template <class Phase>
+  void launch(std::size_t items, Phase p) {
+    const access_scope open;
+    host_.parallel_for(items, [&p](std::size_t c) {
+      for (std::size_t i = p.size(c); i-- > 0;) p(c, i, i + 1);
+    });
+  }
+
   /// Copies n bytes between host and device memory (either direction, or device to device).
   void copy_bytes(void* dst, const void* src, std::size_t n) {
     const access_scope open;

@@ -30,6 +30,7 @@
 
 #include "../../config.hpp"
 #include "../../detail/update_loop.hpp"
+#include "error.cuh"
 
 /// `#pragma unroll` in the device pass only (the host compiler warns about it).
 #if defined(__CUDA_ARCH__)
@@ -43,13 +44,6 @@ namespace distopt::cuda_exec {
 /// DISTOPT_KERNEL), so two shared libraries built with different distopt versions do not
 /// resolve each other's instantiations.
 inline namespace abi_v0_1 {
-
-/// Throws std::runtime_error naming `what` when `e` is not cudaSuccess.
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("distopt cuda: ") + what + ": " + cudaGetErrorName(e) + " (" +
-                             cudaGetErrorString(e) + ")");
-}
 
 /// One run of elements a rank updates: pointers to its first element in device memory
 /// (params and grads in the full buffers, master and states in the shard buffers; unused

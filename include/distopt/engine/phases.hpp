@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The phases of a step that visit elements, each written once as a trivially
+/// copyable body with `DISTOPT_HD` members, and `detail::launch`, which runs one on any
+/// executor. A body holds only pointers into the executor's memory and scalars, so the
+/// same object is a host loop's functor and a device kernel's argument.
+///
+/// A phase is a list of work items (a chunk of a flat array, a piece of a tensor); item c
+/// has `size(c)` elements, and `body(c, first, last)` does elements [first, last) of it.
+/// A host executor calls body(c, 0, size(c)) once per item: one contiguous loop, the
+/// vectorised (and AVX2-cloned) code of the CPU path. A device executor cuts each item
+/// over its threads. Which thread does which elements never changes a result: every
+/// element's math is independent, and a reduction phase has items of size 1 whose body
+/// sums in its own fixed order.
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "../concepts.hpp"
+#include "../config.hpp"
+#include "../detail/exact_sum.hpp"
+#include "../detail/shard_plan.hpp"
+#include "../detail/update_loop.hpp"
+#include "../types/rounding.hpp"
+
+namespace distopt::detail {
+
+/// Runs phase `p` over its work items [0, items) on executor `e`: through `e.launch` where
+/// the executor has one (a device kernel), else through `e.parallel_for`, one item per call.
+template <executor E, class Phase>
+void launch(E& e, std::size_t items, const Phase& p) {
+  static_assert(std::is_trivially_copyable_v<Phase>,
+                "distopt: a phase is copied to the device as a kernel argument: it must be trivially copyable");
+  if (items == 0) return;
+  if constexpr (requires { e.launch(items, p); }) e.launch(items, p);
+  else e.parallel_for(items, [&p](std::size_t c) { p(c, 0, p.size(c)); });
+}
+
+/// A flat array of `n` elements in items of `chunk` (the last one shorter).
+struct chunked {
+  std::size_t n = 0, chunk = 1;
+  std::size_t items() const noexcept { return (n + chunk - 1) / chunk; }
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
+    const std::size_t left = n - c * chunk;
+    return left < chunk ? left : chunk;
+  }
+};
+
+/// Sets every element of `data` to zero (zero_grad).
+template <class T>
+struct zero_phase : chunked {
+  T* data = nullptr;
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    T* p = data + c * chunk;
+    for (std::size_t i = first; i < last; ++i) p[i] = T{};
+  }
+};
+
+/// Converts `src` to fp32 into `dst` (the staging bucket of an fp32 grad reduction).
+template <class G>
+struct widen_phase : chunked {
+  const G* src = nullptr;
+  float* dst = nullptr;
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const G* s = src + c * chunk;
+    float* d = dst + c * chunk;
+    for (std::size_t i = first; i < last; ++i) d[i] = to_float(s[i]);
+  }
+};
+
+/// Copies each piece's params into its fp32 master weights (local index).
+template <class P>
+struct master_load_phase {
+  const shard_piece* pieces = nullptr;
+  const P* params = nullptr;
+  float* master = nullptr;
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return pieces[c].count; }
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const shard_piece& pc = pieces[c];
+    const P* p = params + pc.buffer;
+    float* m = master + pc.local;
+    for (std::size_t i = first; i < last; ++i) m[i] = to_float(p[i]);
+  }
+};
+
+/// The fused element update of the pieces of one bucket whose group uses N state slots:
+/// grads (times the step's scale) -> states -> fp32 value -> params (update_range, the
+/// body every backend runs). Pieces of groups with another slot count are another pass's.
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+struct update_phase {
+  const shard_piece* pieces = nullptr;              ///< the bucket's first piece
+  const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
+  const int* slots = nullptr;                       ///< per group, state slots in use
+  const float* tensor_scale = nullptr;              ///< per tensor (percentile clipping), or null
+  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
+  const std::size_t* state_at = nullptr;  ///< per piece of the bucket: its state offset (GaLore), or null (local index)
+  Param* params = nullptr;
+  const Grad* grads = nullptr;
+  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
+  float* master = nullptr;   ///< null without master weights
+  Enc* state[4] = {};
+  float grad_scale = 1.0f;
+  std::uint64_t key = 0;
+
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
+    const shard_piece& pc = pieces[c];
+    if (slots[pc.group] != N) return 0;
+    if (matrix_index && matrix_index[pc.tensor] >= 0) return 0;
+    return pc.count;
+  }
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const shard_piece& pc = pieces[c];
+    const float scale = tensor_scale ? grad_scale * tensor_scale[pc.tensor] : grad_scale;
+    const std::size_t at = (state_at ? state_at[c] : pc.local) + first;
+    update_args<Param, Grad, Enc> a{params + pc.buffer + first,
+                                    grads + (grads_local ? pc.local : pc.buffer) + first,
+                                    master ? master + pc.local + first : nullptr,
+                                    {},
+                                    scale,
+                                    key,
+                                    pc.layout + first};
+    for (int k = 0; k < N; ++k) a.state[k] = state[k] + at;
+    update_range<Policy, N, Mode>(scalars[pc.group], a, last - first);
+  }
+};
+
+/// Exact sums of squares of grads times `scale`: item w adds pieces [w * per, (w + 1) *
+/// per) into out[w], one exact term per layout block (add_block_squares), so the total
+/// does not depend on how pieces are grouped into items. A reduction: items of size 1.
+template <class G>
+struct squares_phase {
+  const shard_piece* pieces = nullptr;
+  std::size_t piece_count = 0, per = 1;
+  const G* grads = nullptr;
+  bool grads_local = false;               ///< grads indexed by local index, else buffer index
+  const unsigned char* skip = nullptr;  ///< per piece: nonzero = not counted; or null
+  double scale = 1.0;
+  std::size_t block = 1;
+  exact_sum* out = nullptr;
+
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t w, std::size_t, std::size_t) const {
+    const std::size_t end = (w + 1) * per < piece_count ? (w + 1) * per : piece_count;
+    for (std::size_t c = w * per; c < end; ++c) {
+      if (skip && skip[c]) continue;
+      const shard_piece& pc = pieces[c];
+      add_block_squares(out[w], grads + (grads_local ? pc.local : pc.buffer), scale, pc.count, block);
+    }
+  }
+};
+
+}  // namespace distopt::detail

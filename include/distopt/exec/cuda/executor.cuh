@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file distopt::cuda, the CUDA executor: device memory allocated on a stream, and the
+/// step's phases (distopt/engine/phases.hpp) launched as kernels on that stream, from the
+/// same `DISTOPT_HD` bodies the CPU executor loops over. Built with nvcc in strict mode
+/// (--fmad=false, the distopt::cuda target) its results are the CPU executor's, bit for bit.
+///
+/// What runs on it today: the element-wise policies (sgd, adam, adamw, lion, custom ones)
+/// with fp32 or bf16 states, replicated, with the `single` communicator; fp32, bf16 and
+/// fp16 params, master weights or stochastic rounding, the exact global norm, clipping,
+/// percentile clipping, loss scaling and the NaN/Inf skip. The layer-wise, q8 and GaLore
+/// engines are host loops still (the optimizer refuses them on cuda at compile time), and
+/// the step reads the norm back to the host (one synchronisation a step with the finite
+/// check or clipping on).
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../../concepts.hpp"
+#include "../../config.hpp"
+#include "../../space.hpp"
+#include "error.cuh"
+
+namespace distopt {
+
+namespace cuda_exec {
+inline namespace abi_v0_1 {
+
+/// f(i) for every i in [0, n), grid-stride.
+template <class F>
+DISTOPT_KERNEL void __launch_bounds__(256) index_kernel(const F f, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+
+/// A phase: blocks take items grid-stride, and the threads of a block take an item's
+/// elements one each (consecutive threads, consecutive elements: coalesced).
+template <class Phase>
+DISTOPT_KERNEL void __launch_bounds__(256) phase_kernel(const Phase p, std::size_t items) {
+  for (std::size_t c = blockIdx.x; c < items; c += gridDim.x) {
+    const std::size_t n = p.size(c);
+    for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) p(c, i, i + 1);
+  }
+}
+
+/// Makes `device` current while it lives, and restores the caller's device after (-1:
+/// leaves the current device as it is).
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    if (device < 0) return;
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    else previous_ = -1;
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace abi_v0_1
+}  // namespace cuda_exec
+
+/// The CUDA executor: one device and one stream (the caller's). Every allocation, copy
+/// and kernel of the optimizer is ordered on that stream, so a training code that writes
+/// grads on the same stream needs no synchronisation of its own. A cheap handle: copies
+/// share the device and the stream.
+class cuda {
+ public:
+  using executor_concept = executor_tag;
+  using memory_space = device_space;
+  /// Runs device code only: phases and device-callable functions.
+  static constexpr bool runs_host_functions = false;
+
+  /// Whichever device is current at each call, and the legacy default stream. Touches no
+  /// device: an empty buffer holds one of these.
+  cuda() noexcept = default;
+  /// `device` (-1: whichever is current at each call) and `stream` (null: the legacy default
+  /// stream). Both are needed: a lone int would read as a thread count in code generic over
+  /// executors.
+  cuda(int device, cudaStream_t stream) : device_(device), stream_(stream) {
+    if (device_ >= 0) {
+      int count = 0;
+      cuda_exec::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+      if (device_ >= count)
+        throw std::invalid_argument("distopt::cuda: no CUDA device " + std::to_string(device_) + " (there are " +
+                                    std::to_string(count) + ")");
+    }
+  }
+
+  /// The device (-1: the current one at each call) and the stream.
+  int device() const noexcept { return device_; }
+  cudaStream_t stream() const noexcept { return stream_; }
+  /// Work items worth making: 8 per multiprocessor (the reductions group pieces by it).
+  int concurrency() const noexcept { return multiprocessors() * 8; }
+
+  /// Zero-filled device memory, allocated in stream order (cudaMallocAsync).
+  void* allocate_bytes(std::size_t bytes) {
+    const cuda_exec::device_guard on(device_);
+    void* p = nullptr;
+    const std::size_t n = bytes ? bytes : 1;
+    cuda_exec::check(cudaMallocAsync(&p, n, stream_), "cudaMallocAsync");
+    cuda_exec::check(cudaMemsetAsync(p, 0, n, stream_), "cudaMemsetAsync");
+    return p;
+  }
+  void deallocate_bytes(void* p, std::size_t) noexcept {
+    if (!p) return;
+    int previous = -1;
+    const bool switch_device = device_ >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != device_;
+    if (switch_device) cudaSetDevice(device_);
+    cudaFreeAsync(p, stream_);
+    if (switch_device) cudaSetDevice(previous);
+  }
+
+  /// Copies n bytes (host to device, device to host, or device to device) in stream order,
+  /// and waits for it: the host may read or reuse its side at once.
+  void copy_bytes(void* dst, const void* src, std::size_t n) {
+    if (n == 0) return;
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    cuda_exec::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a copy");
+  }
+
+  /// Calls f(i) for each i in [0, n) on the device: f must be trivially copyable and
+  /// callable in device code (a DISTOPT_HD functor; a host lambda does not compile).
+  template <class F>
+  void parallel_for(std::size_t n, const F& f) {
+    static_assert(std::is_trivially_copyable_v<F>, "distopt::cuda::parallel_for: f is a kernel argument");
+    if (n == 0) return;
+    const cuda_exec::device_guard on(device_);
+    const std::size_t blocks = (n + 255) / 256, most = static_cast<std::size_t>(multiprocessors()) * 32;
+    cuda_exec::index_kernel<F><<<static_cast<unsigned>(blocks < most ? blocks : most), 256, 0, stream_>>>(f, n);
+    cuda_exec::check(cudaGetLastError(), "distopt::cuda::parallel_for launch");
+  }
+
+  /// Runs a phase over `items` work items (detail::launch calls it): a block per item.
+  template <class Phase>
+  void launch(std::size_t items, const Phase& p) {
+    if (items == 0) return;
+    const cuda_exec::device_guard on(device_);
+    const std::size_t most = static_cast<std::size_t>(multiprocessors()) * 32;
+    cuda_exec::phase_kernel<Phase><<<static_cast<unsigned>(items < most ? items : most), 256, 0, stream_>>>(p, items);
+    cuda_exec::check(cudaGetLastError(), "distopt::cuda phase launch");
+  }
+
+  /// Waits for everything enqueued on the stream.
+  void synchronize() {
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  /// The device's multiprocessors (1 if it cannot be asked).
+  int multiprocessors() const noexcept {
+    int device = device_, sms = 0;
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) return 1;
+    return sms;
+  }
+
+  int device_ = -1;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace distopt

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// optimizer<..., distopt::cuda> against optimizer<..., distopt::cpu>, bit for bit (strict
+// build, --fmad=false): params, master weights, states, norms and skipped steps after 20
+// steps of the element-wise policies on the awkward layouts of the unit suites (the same
+// harness, sharded_harness.hpp, writing and reading through distopt::upload/download), on
+// one rank and on d = 1..4 ranks as threads sharing the GPU (sharded states, collectives
+// staged through host memory).
+// Without a CUDA device the program exits 77 (ctest: skipped).
+
+#include <distopt/distopt.hpp>
+#include <distopt/exec/cuda/executor.cuh>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../unit/sharded_harness.hpp"
+
+namespace {
+
+using namespace distopt;
+using harness::run_options;
+
+int failures = 0, checks = 0;
+
+void compare(const std::string& what, const harness::outcome& got, const harness::outcome& ref) {
+  ++checks;
+  // NaN != NaN: the norms are compared as bits.
+  const bool norms = got.norms.size() == ref.norms.size() &&
+                     std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0;
+  if (got.params == ref.params && got.master == ref.master && got.states == ref.states && norms &&
+      got.skipped == ref.skipped)
+    return;
+  ++failures;
+  std::printf("FAILED: %s:%s%s%s%s%s\n", what.c_str(), got.params == ref.params ? "" : " params",
+              got.master == ref.master ? "" : " master", got.states == ref.states ? "" : " states",
+              norms ? "" : " norms", got.skipped == ref.skipped ? "" : " skipped");
+}
+
+/// On each awkward layout: cpu on one rank against cuda on one rank and on d = 1..4.
+template <class Policy, class Enc, class Prec>
+void check_case(const std::string& what, const std::vector<typename Policy::hyper_params>& h, run_options ro,
+                dtype t = dtype::f32) {
+  for (const harness::layout_case& c : harness::awkward_layouts()) {
+    ro.options.bucket_elems = c.bucket;
+    const layout l = harness::make_layout(c, t, static_cast<int>(h.size()));
+    const harness::outcome ref = harness::run_single<Policy, Enc, Prec, cpu>(l, h, ro);
+    compare(what + ", layout " + c.name + ", one rank", harness::run_single<Policy, Enc, Prec, cuda>(l, h, ro), ref);
+    for (int d = 1; d <= 4; ++d)  // sharded states, d ranks as threads on one GPU
+      compare(what + ", layout " + c.name + ", d=" + std::to_string(d),
+              harness::run_threads<Policy, sharded<Enc>, Prec, cuda>(d, l, h, ro), ref);
+  }
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device: optimizer<..., cuda> against cpu is skipped\n");
+    return 77;
+  }
+  try {
+    adamw::hyper_params w;
+    w.lr = 1e-2;
+    run_options plain;  // default options: the finite check and exact norm every step
+    run_options clipped;
+    clipped.clip = 1.0;
+    run_options percentile;
+    percentile.clip = 1.0;
+    percentile.options.percentile_clipping = 5;
+
+    namespace cases = harness::cases;
+    check_case<sgd, fp32, precision<float>>("sgd momentum + nesterov groups, fp32", cases::sgd_momentum_and_nesterov(),
+                                            plain);
+    check_case<adamw, fp32, precision<float>>("adamw fp32, clipped", {w}, clipped);
+    check_case<adam, bf16, precision<bf16>>("adam amsgrad, bf16 params + master, bf16 states, percentile",
+                                            {cases::adam_amsgrad()}, percentile, dtype::bf16);
+    check_case<lion, fp32, precision<bf16, float>>("lion, bf16 params stochastic rounding, fp32 grads",
+                                                   {cases::lion_decayed()}, cases::stochastic_rounding(), dtype::bf16);
+    check_case<adamw, fp32, precision<fp16>>("adamw fp16 + master, loss scaling, a NaN step", {w},
+                                             cases::fp16_loss_scaling(), dtype::f16);
+  } catch (const std::exception& e) {
+    std::printf("FAILED: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%d of %d optimizer runs on cuda equal to cpu bit for bit\n", checks - failures, checks);
+  return failures ? 1 : 0;
+}
