@@ -19,7 +19,9 @@ import sys
 
 import torch
 
+# torch_step.py: beside this file in the carried bundle (bench/gpu/build.sh), in ../peers in the repository.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "peers"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_step import gpt_like  # noqa: E402  (the same shapes as bench::gpt_like)
 
 
@@ -59,7 +61,7 @@ def main():
     ap.add_argument("--params", type=int, default=321_000_000)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", required=True)
-    ap.add_argument("--distopt", help="distopt-bench-gpu-update's JSON lines from the same run")
+    ap.add_argument("--distopt", help="distopt-bench-gpu-update's and -step's JSON lines from the same run")
     a = ap.parse_args()
     shapes = gpt_like(a.params)
     n = sum(int(torch.Size(s).numel()) for s in shapes)
@@ -95,10 +97,15 @@ def main():
         print("\ndistopt against torch, same run (time ratio torch / distopt: above 1, distopt is faster)")
         for r in rows:
             for o in ours:
-                same = o["policy"] == r["policy"] and o["param"].split("+")[0] == r["param"]
-                if same and o["state"] == r["state"]:
-                    print(f"  {o['policy']} {o['param']}/{o['state']} vs {r['impl']} {r['param']}/{r['state']}: "
-                          f"{r['ns_per_param'] / o['ns_per_param']:.2f}x")
+                if o.get("bench") == "gpu-update":  # the update kernels alone
+                    same = o["policy"] == r["policy"] and o["param"].split("+")[0] == r["param"]
+                    if same and o["state"] == r["state"]:
+                        print(f"  {o['policy']} {o['param']}/{o['state']} vs {r['impl']} {r['param']}/{r['state']}: "
+                              f"{r['ns_per_param'] / o['ns_per_param']:.2f}x")
+                elif o.get("bench") == "gpu-step" and o["model"] == "gpt-like":  # the optimizer's whole step
+                    if o["policy"] == r["policy"] and o["precision"].split("+")[0] == r["param"]:
+                        print(f"  step() {o['policy']} {o['precision']}, check {o['check']} vs {r['impl']} "
+                              f"{r['param']}: {r['ns_per_param'] / o['ns_per_param']:.2f}x")
 
 
 if __name__ == "__main__":

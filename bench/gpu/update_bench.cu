@@ -21,44 +21,14 @@
 #include <vector>
 
 #include "../step_bench.hpp"
+#include "cli.hpp"
 
 namespace {
 
 namespace ce = distopt::cuda_exec;
 using distopt::detail::param_mode;
 
-struct options {
-  std::size_t params = 321'000'000;
-  int repeats = 20;
-  std::string json;
-};
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "distopt-bench-gpu-update: %s\nusage: distopt-bench-gpu-update [--params N] [--repeats R] "
-               "[--json FILE]\n",
-               why.c_str());
-  std::exit(2);
-}
-
-options parse(int argc, char** argv) {
-  options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) usage("missing value after " + a);
-    const std::string v = argv[++i];
-    try {
-      if (a == "--params") o.params = std::stoull(v);
-      else if (a == "--repeats") o.repeats = std::stoi(v);
-      else if (a == "--json") o.json = v;
-      else usage("unknown option " + a);
-    } catch (const std::logic_error&) {
-      usage("bad value '" + v + "' for " + a);
-    }
-  }
-  if (o.params < 1024 || o.repeats < 1) usage("--params must be >= 1024 and --repeats >= 1");
-  return o;
-}
+using gpu_bench::options;
 
 struct timer {
   cudaEvent_t a, b;
@@ -184,7 +154,7 @@ row run_q8_case(const options& o, timer& t, const typename Policy::hyper_params&
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
+  const options o = gpu_bench::parse("distopt-bench-gpu-update", argc, argv, 20);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::fprintf(stderr, "distopt-bench-gpu-update: no CUDA device\n");

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The build half of the GPU run, on the development machine (no GPU needed): the lent GPU
+# machine has no Boost and no nlohmann-json, installs nothing, and its minutes are for
+# running. This builds every GPU program for sm_90 (H100, H200) with the C++ and CUDA
+# runtimes linked statically, checks (readelf, ldd) that each needs nothing but the C
+# library, the CUDA driver and NCCL (there: PyTorch's nvidia-nccl package), puts the programs,
+# the run half (bench/gpu/run.sh) and the PyTorch script into one folder to carry:
+#   bench/gpu/build.sh                      # here: builds build-gpu/bundle
+#   device run, carry ["build-gpu/bundle"]:  bash build-gpu/bundle/run.sh
+# CUDA_ARCH (default 90) and BUILD_DIR (default build-gpu) override the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+arch=${CUDA_ARCH:-90}
+build=${BUILD_DIR:-build-gpu}
+bundle=$build/bundle
+programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/nccl/test_nccl_comm
+          tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step)
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
+  -DDISTOPT_BUILD_EXAMPLES=OFF -DDISTOPT_STATIC_RUNTIMES=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
+cmake --build "$build" -j2 --target "${programs[@]##*/}"
+
+rm -rf "$bundle"
+mkdir -p "$bundle"
+for p in "${programs[@]}"; do cp "$build/$p" "$bundle/"; done
+cp bench/gpu/run.sh bench/gpu/torch_gpu.py bench/peers/torch_step.py "$bundle/"
+
+# What each program may load itself there (its NEEDED entries): the C library's parts, the
+# driver, NCCL (whose own needs, libstdc++ among them, come with it there).
+allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl)\.so'
+status=0
+{
+  echo "built $(date -u +%FT%TZ) at $(git rev-parse --short HEAD) for CUDA architectures $arch"
+  for p in "${programs[@]}"; do
+    f=$bundle/${p##*/}
+    needed=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+    echo "$(basename "$f") needs: $(echo "$needed" | tr '\n' ' ')"
+    while read -r lib; do
+      if ! [[ $lib =~ $allowed ]]; then
+        echo "bench/gpu/build.sh: $(basename "$f") needs $lib, which the GPU machine may not have" >&2
+        status=1
+      fi
+    done <<< "$needed"
+    ldd "$f" > /dev/null || { echo "bench/gpu/build.sh: ldd cannot resolve $(basename "$f")" >&2; status=1; }
+    echo "  newest glibc symbol: $(objdump -T "$f" | grep -o 'GLIBC_[0-9.]*' | sort -V | tail -1)"
+  done
+} > "$bundle/MANIFEST"
+cat "$bundle/MANIFEST"
+[ $status -eq 0 ] || { echo "bench/gpu/build.sh: ldd check failed" >&2; exit 1; }
+echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine: bash $bundle/run.sh"

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// distopt-bench-gpu-step: optimizer<..., distopt::cuda>::step(), the path a user runs, over
+// GPT-like tensors and over many small tensors, against the device's copy bandwidth
+// measured in the same run. Default options (the finite check and exact norm on) and the
+// check off, so that the norm's cost shows. Bytes per parameter: the update's (each array
+// read once, written once where written; with master weights the params only written)
+// plus, with the check on, one more read of the grads. A step's time is the host's wall
+// clock around step() and a stream synchronisation, best of --repeats after a warm-up.
+// JSON lines with --json; bench/gpu/run.sh runs it beside distopt-bench-gpu-update.
+
+#include <distopt/distopt.hpp>
+#include <distopt/exec/cuda/executor.cuh>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../step_bench.hpp"
+#include "cli.hpp"
+
+namespace {
+
+namespace ce = distopt::cuda_exec;
+
+using gpu_bench::options;
+
+/// The best of `repeats` calls of f (after one warm-up), in seconds, each ended by a
+/// synchronisation of `stream`.
+template <class F>
+double best_seconds(int repeats, cudaStream_t stream, F&& f) {
+  f();
+  ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct row {
+  std::string policy, model, precision, check;
+  double bytes_per_param, seconds, params;
+};
+
+/// 65,536 tensors of 1,024 elements (the multi-tensor case of issue 18's targets).
+distopt::layout small_tensors(distopt::dtype t) {
+  distopt::layout l;
+  for (int i = 0; i < 65536; ++i) {
+    std::string name = "t";
+    name += std::to_string(i);
+    l.add(std::move(name), {1024}, t);
+  }
+  return l;
+}
+
+template <class Policy, class Param, class Grad>
+row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper_params& h, bool many,
+             bool check_finite) {
+  using opt_t = distopt::optimizer<Policy, distopt::replicated<distopt::fp32>, distopt::single, distopt::cuda,
+                                   distopt::precision<Param, Grad>>;
+  const distopt::layout l =
+      many ? small_tensors(distopt::dtype_of<Param>) : bench::gpt_like(o.params, distopt::dtype_of<Param>);
+  distopt::optimizer_options opts;
+  opts.check_finite = check_finite;
+  opt_t opt(l, h, opts, distopt::cuda(0, stream));
+  // Small grads everywhere (the buffers are zero-filled: write a constant through a copy).
+  const std::vector<Grad> g(opt.grads().size(), distopt::from_float<Grad>(1e-3f));
+  distopt::upload(opt.executor(), g, opt.grads());
+  const double secs = best_seconds(o.repeats, stream, [&] { opt.step(); });
+  constexpr bool master = !std::is_same_v<Param, float>;
+  const int slots = Policy::state_slots(h);
+  const double bytes = (master ? sizeof(Param) + 8.0 : 2.0 * sizeof(Param)) + sizeof(Grad) + 8.0 * slots +
+                       (check_finite ? sizeof(Grad) : 0.0);
+  const std::string prec = master ? std::string(distopt::dtype_name(distopt::dtype_of<Param>)) + "+master" : "fp32";
+  return {std::string(Policy::name), many ? "65536x1024" : "gpt-like", prec, check_finite ? "on" : "off", bytes,
+          secs, static_cast<double>(l.numel())};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = gpu_bench::parse("distopt-bench-gpu-step", argc, argv, 10);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "distopt-bench-gpu-step: no CUDA device\n");
+    return 1;
+  }
+  try {
+    cudaDeviceProp prop{};
+    ce::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    cudaStream_t stream;
+    ce::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    // The roofline: a device-to-device copy of the size of one fp32 array of the model.
+    const std::size_t copy_bytes = o.params * sizeof(float);
+    void *src = nullptr, *dst = nullptr;
+    ce::check(cudaMalloc(&src, copy_bytes), "cudaMalloc");
+    ce::check(cudaMalloc(&dst, copy_bytes), "cudaMalloc");
+    const double copy_s = best_seconds(o.repeats, stream, [&] {
+      ce::check(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    });
+    cudaFree(src);
+    cudaFree(dst);
+    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_s * 1e-9;
+
+    distopt::adamw::hyper_params w;
+    std::vector<row> rows;
+    for (const bool check : {true, false}) {
+      rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, false, check));
+      rows.push_back(run_case<distopt::adamw, distopt::bf16, distopt::bf16>(o, stream, w, false, check));
+    }
+    rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, true, true));
+    rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, true, false));
+
+    std::printf("device: %s; copy %.0f GB/s (read + write of %zu MB)\n", prop.name, copy_gbps, copy_bytes >> 20);
+    std::printf("%-7s %-11s %-12s %-5s %8s %10s %8s %6s\n", "policy", "model", "params", "check", "B/param",
+                "ns/param", "GB/s", "ratio");
+    std::ofstream json;
+    if (!o.json.empty()) {
+      json.open(o.json, std::ios::app);
+      if (!json) throw std::runtime_error("cannot open " + o.json);
+    }
+    for (const row& r : rows) {
+      const double ns = r.seconds / r.params * 1e9, gbps = r.bytes_per_param * r.params / r.seconds * 1e-9;
+      std::printf("%-7s %-11s %-12s %-5s %8.0f %10.4f %8.0f %6.2f\n", r.policy.c_str(), r.model.c_str(),
+                  r.precision.c_str(), r.check.c_str(), r.bytes_per_param, ns, gbps, gbps / copy_gbps);
+      if (json)
+        json << "{\"bench\":\"gpu-step\",\"impl\":\"distopt\",\"device\":\"" << prop.name << "\",\"policy\":\""
+             << r.policy << "\",\"model\":\"" << r.model << "\",\"precision\":\"" << r.precision
+             << "\",\"check\":\"" << r.check << "\",\"params\":" << r.params
+             << ",\"bytes_per_param\":" << r.bytes_per_param << ",\"ns_per_param\":" << ns << ",\"gbps\":" << gbps
+             << ",\"copy_gbps\":" << copy_gbps << ",\"ratio\":" << gbps / copy_gbps << "}\n";
+    }
+    cudaStreamDestroy(stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distopt-bench-gpu-step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
