@@ -228,9 +228,9 @@ class optimizer {
   static_assert(host_memory<Exec> || !projects,
                 "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
                 "on device memory (emulated_device) the element-wise and layer-wise policies run");
-  static_assert(runs_host_functions<Exec> || (!is_layerwise && !is_quantized && !projects),
+  static_assert(runs_host_functions<Exec> || (!is_layerwise && !projects),
                 "distopt::optimizer: on a device-only executor (distopt::cuda) the element-wise policies "
-                "(sgd, adam, adamw, lion, custom ones) run with fp32 or bf16 states; the layer-wise, q8 and "
+                "(sgd, adam, adamw, lion, custom ones) run, with fp32, bf16 or q8 states; the layer-wise and "
                 "GaLore engines are still host loops (they run on cpu, kokkos and emulated_device)");
   static_assert(runs_host_functions<Exec> || !collectives_in_device_memory<Comm>,
                 "distopt::optimizer: on a device-only executor (distopt::cuda) the communicator is a host "
@@ -471,7 +471,7 @@ class optimizer {
   /// Sets every grad to zero.
   void zero_grad() {
     wait_pending();  // a reduction still reading the grads
-    detail::zero_phase<grad_type> zero;
+    detail::fill_phase<grad_type> zero;
     zero.n = grads_.size();
     zero.chunk = chunk_elems;
     zero.data = grads_.data();
@@ -695,9 +695,9 @@ class optimizer {
         const std::span<T> out = staged<T>(stage_out_, mine.size());
         comm_.reduce_scatter(std::span<const T>(in), out, op);
         detail::copy_bytes(exec_, mine.data(), out.data(), mine.size_bytes());
-      } else {
+      } else {  // one shard: `mine` is the whole bucket, where the step reads it
         comm_.all_reduce(in, op);
-        detail::copy_bytes(exec_, bucket.data(), in.data(), bucket.size_bytes());
+        detail::copy_bytes(exec_, mine.data(), in.data(), mine.size_bytes());
       }
       return;
     }
@@ -710,8 +710,14 @@ class optimizer {
       }
     }
     [[maybe_unused]] const auto open = detail::collective_scope(exec_);
-    if constexpr (is_sharded) comm_.reduce_scatter(std::span<const T>(bucket), mine, op);
-    else comm_.all_reduce(bucket, op);
+    if constexpr (is_sharded) {
+      comm_.reduce_scatter(std::span<const T>(bucket), mine, op);
+    } else {
+      comm_.all_reduce(bucket, op);
+      // One shard: `mine` is the whole bucket. When it is elsewhere (the fp32 grads, reduced
+      // from the staging bucket), the reduced values are copied there.
+      if (mine.data() != bucket.data()) detail::copy_bytes(exec_, mine.data(), bucket.data(), mine.size_bytes());
+    }
   }
 
   /// Sharded: all-gathers bucket `k`'s params, asynchronously when `async` and the
@@ -879,20 +885,6 @@ class optimizer {
     else return detail::param_mode::no_master_rne;
   }
 
-  template <detail::param_mode Mode, int N, class G>
-  void run_q8(const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
-              std::uint64_t key, const std::vector<int>& active, const detail::shard_bucket& b) {
-    const auto& pieces = plan_.pieces();
-    exec_.parallel_for(b.end_piece - b.first_piece, [&](std::size_t c) {
-      const detail::shard_piece& pc = pieces[b.first_piece + c];
-      if (active[static_cast<std::size_t>(pc.group)] != N) return;
-      if constexpr (projects)
-        if (proj_.matrix_index_[pc.tensor] >= 0) return;  // updated by project_bucket
-      const float scale = clip_scale_.empty() ? grad_scale : grad_scale * clip_scale_[pc.tensor];
-      q8_.template run_piece<Mode, N>(*this, sc[static_cast<std::size_t>(pc.group)], grads, scale, key, b.first_piece + c);
-    });
-  }
-
   /// The element update phase of bucket `b`'s pieces whose group uses N state slots;
   /// `sc`, `slots` and `tensor_scale` are in the executor's memory.
   template <detail::param_mode Mode, int N, class G>
@@ -945,6 +937,7 @@ class optimizer {
   /// (grown as needed).
   template <class T>
   const T* in_exec(const std::vector<T>& v, detail::buffer<T, Exec>& dev) {
+    static_assert(std::is_trivially_copyable_v<T>, "distopt: what a launch reads is copied byte for byte");
     if constexpr (host_memory<Exec>) {
       return v.data();
     } else {
@@ -963,22 +956,19 @@ class optimizer {
     const auto& buckets = plan_.buckets();
     // This step's per-group scalars and slot counts, and per-tensor scales, where the
     // update phase reads them (copied once per step into device memory).
-    const typename Policy::scalars* sc_x = nullptr;
-    const int* slots_x = nullptr;
-    const float* tensor_scale_x = nullptr;
-    if constexpr (!is_quantized) {
-      sc_x = in_exec(sc, step_scalars_);
-      slots_x = in_exec(active, step_slots_);
-      if (!clip_scale_.empty()) tensor_scale_x = in_exec(clip_scale_, step_clip_scale_);
-    }
+    const typename Policy::scalars* sc_x = in_exec(sc, step_scalars_);
+    const int* slots_x = in_exec(active, step_slots_);
+    const float* tensor_scale_x = clip_scale_.empty() ? nullptr : in_exec(clip_scale_, step_clip_scale_);
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
       if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         const auto run = [&]<int M>(std::integral_constant<int, M>) {
           if (std::find(active.begin(), active.end(), M) == active.end()) return;
-          if constexpr (is_quantized) run_q8<Mode, M>(sc, grads, grad_scale, key, active, buckets[k]);
-          else launch_update<Mode, M>(sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
+          if constexpr (is_quantized)
+            q8_.template launch_update<Mode, M>(*this, sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
+          else
+            launch_update<Mode, M>(sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
         };
         (run(std::integral_constant<int, N>{}), ...);
       }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});

@@ -2,7 +2,7 @@
 // Copyright 2026 the distopt authors
 // optimizer<..., distopt::cuda> against optimizer<..., distopt::cpu>, bit for bit (strict
 // build, --fmad=false): params, master weights, states, norms and skipped steps after 20
-// steps of the element-wise policies on the awkward layouts of the unit suites (the same
+// steps of the element-wise policies (fp32, bf16 and 8-bit states) on the awkward layouts of the unit suites (the same
 // harness, sharded_harness.hpp, writing and reading through distopt::upload/download), on
 // one rank and on d = 1..4 ranks as threads sharing the GPU (sharded states, collectives
 // staged through host memory).
@@ -82,6 +82,23 @@ int main() {
                                                    {cases::lion_decayed()}, cases::stochastic_rounding(), dtype::bf16);
     check_case<adamw, fp32, precision<fp16>>("adamw fp16 + master, loss scaling, a NaN step", {w},
                                              cases::fp16_loss_scaling(), dtype::f16);
+    check_case<adamw, q8, precision<float>>("q8 adamw, clipped, percentile clipping", {w},
+                                            cases::q8_percentile_clipping());
+    {  // replicated over d ranks, bf16 grads reduced in fp32 (the staged all-reduce into the fp32 grads)
+      const harness::layout_case c = harness::awkward_layouts()[3];
+      const layout l = harness::make_layout(c, dtype::bf16);
+      run_options ro = clipped;
+      ro.options.grad_reduce_in_fp32 = true;
+      ro.options.bucket_elems = c.bucket;
+      const harness::outcome ref = harness::run_single<adamw, fp32, precision<bf16, bf16>>(l, {w}, ro);
+      for (int d = 2; d <= 3; ++d)
+        compare("adamw replicated, bf16 grads reduced in fp32, d=" + std::to_string(d),
+                harness::run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, cuda>(d, l, {w}, ro), ref);
+    }
+    run_options q8_master;
+    q8_master.options.min_8bit_size = 256;
+    check_case<lion, q8, precision<bf16, bf16>>("q8 lion, bf16 params + master", {cases::lion_decayed()}, q8_master,
+                                                dtype::bf16);
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;

@@ -178,9 +178,10 @@ BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_with_collectives_in_flight_closes_th
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The element-wise cases on both emulated executors: the emulated device, and the same
-// configured as distopt::cuda is (device code only: collectives staged through host
-// memory, the host-loop engines refused at compile time). One rank and d = 1..4 ranks.
+// The element-wise cases (fp32, bf16 and q8 states) on both emulated executors: the
+// emulated device, and the same configured as distopt::cuda is (device code only:
+// collectives staged through host memory, the host-loop engines refused at compile time).
+// One rank and d = 1..4 ranks.
 using element_wise_executors = std::tuple<emulated_device, device_code_only>;
 
 BOOST_AUTO_TEST_SUITE(emulated_equals_cpu)
@@ -227,23 +228,42 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(lion_bf16_stochastic_rounding, Exec, element_wise_
                                                            dtype::bf16);
 }
 
-BOOST_AUTO_TEST_CASE(q8_adamw_with_percentile_clipping) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(q8_adamw_with_percentile_clipping, Exec, element_wise_executors) {
   adamw::hyper_params h;
   h.lr = 1e-2;
-  check_executor<emulated_device, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
+  check_executor<Exec, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
 }
 
-BOOST_AUTO_TEST_CASE(q8_lion_bf16_params_with_master) {
+BOOST_AUTO_TEST_CASE_TEMPLATE(q8_lion_bf16_params_with_master, Exec, element_wise_executors) {
   lion::hyper_params h;
   h.lr = 1e-3;
   run_options ro;
   ro.options.min_8bit_size = 256;
-  check_executor<emulated_device, lion, q8, precision<bf16, bf16>>({h}, ro, dtype::bf16);
+  check_executor<Exec, lion, q8, precision<bf16, bf16>>({h}, ro, dtype::bf16);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(adam_fp16_dynamic_loss_scaling, Exec, element_wise_executors) {
   check_executor<Exec, adam, fp32, precision<fp16, fp16>>({adam::hyper_params{}}, cases::fp16_loss_scaling(),
                                                           dtype::f16);
+}
+
+// Replicated states over d ranks, bf16 grads reduced in fp32: the all-reduced fp32 bucket
+// must reach the fp32 grads the update reads (staged through host memory on
+// device_code_only, in place on the emulated device).
+BOOST_AUTO_TEST_CASE_TEMPLATE(replicated_bf16_grads_reduced_in_fp32_over_ranks, Exec, element_wise_executors) {
+  const layout_case c = awkward_layouts()[3];  // several buckets
+  const layout l = make_layout(c, dtype::bf16);
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.clip = 1.0;
+  ro.options.grad_reduce_in_fp32 = true;
+  ro.options.bucket_elems = c.bucket;
+  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
+  for (int d : {2, 3})
+    BOOST_TEST_CONTEXT("d=" << d) {
+      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, Exec>(d, l, {h}, ro), ref);
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

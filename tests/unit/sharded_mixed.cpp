@@ -125,6 +125,24 @@ BOOST_AUTO_TEST_CASE(replicated_over_ranks_equals_one_rank) {
   }
 }
 
+// Replicated storage with bf16 grads reduced in fp32: the all-reduced fp32 bucket must reach
+// the fp32 grads the update reads (it once stayed in the staging bucket: zero grads).
+BOOST_AUTO_TEST_CASE(replicated_bf16_grads_reduced_in_fp32_equal_one_rank) {
+  const layout l = make_layout(awkward_layouts()[3], dtype::bf16);  // several buckets
+  run_options ro;
+  ro.clip = 1.0;
+  ro.options.grad_reduce_in_fp32 = true;
+  ro.options.bucket_elems = awkward_layouts()[3].bucket;
+  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {adamw_h()}, ro);
+  for (int d : {2, 3}) {
+    const outcome got = run_threads<adamw, replicated<fp32>, precision<bf16, bf16>>(d, l, {adamw_h()}, ro);
+    BOOST_TEST((got.params == ref.params));
+    BOOST_TEST((got.master == ref.master));
+    BOOST_TEST((got.states == ref.states));
+    BOOST_TEST((got.norms == ref.norms));
+  }
+}
+
 // avg divides the sum by d: rank 0 holds d times the gradient (rounded), the others zeros,
 // so each reduced element must be fl(fl(d * g) / d): one division, not a multiplication by
 // 1/d. The reference is one rank fed exactly that. For d a power of two the division

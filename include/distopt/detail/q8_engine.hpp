@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../engine/phases.hpp"
 #include "../exec/transfer.hpp"
 #include "../shard_view.hpp"
 #include "buffer.hpp"
@@ -35,16 +36,73 @@ const q8_codebook& q8_slot_codebook(int k) {
   return state_slot_nonnegative<Policy>(k) ? unsigned_codebook() : signed_codebook();
 }
 
+/// Where a piece's states sit in the q8 buffers: in the codes (block-aligned) or in the
+/// fp32 states of the tensors below min_8bit_size.
+struct q8_piece {
+  bool quantized = false;
+  std::size_t offset = 0;
+};
+
+/// The fused 8-bit update of the pieces of one bucket whose group uses N state slots, one
+/// unit per block of q8::block elements: update_range_q8 over the codes of 8-bit tensors,
+/// update_range over the fp32 states of the others. Pieces start on q8 blocks.
+template <class Policy, int N, param_mode Mode, class Param, class Grad>
+struct q8_update_phase {
+  const shard_piece* pieces = nullptr;  ///< the bucket's first piece
+  const q8_piece* where = nullptr;      ///< per piece of the bucket
+  const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
+  const int* slots = nullptr;                         ///< per group, state slots in use
+  const float* tensor_scale = nullptr;                ///< per tensor (percentile clipping), or null
+  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
+  Param* params = nullptr;
+  const Grad* grads = nullptr;
+  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
+  float* master = nullptr;   ///< null without master weights
+  std::uint8_t* code[4] = {};
+  float* absmax[4] = {};
+  float* small[4] = {};
+  const float* map[4] = {};          ///< each slot's 256 map values
+  const std::int32_t* lut[4] = {};  ///< each slot's lookup table (q8_codebook::lookup)
+  float grad_scale = 1.0f;
+  std::uint64_t key = 0;
+
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
+    const shard_piece& pc = pieces[c];
+    if (slots[pc.group] != N) return 0;
+    if (matrix_index && matrix_index[pc.tensor] >= 0) return 0;  // updated by the projection engine
+    return (pc.count + q8::block - 1) / q8::block;
+  }
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const shard_piece& pc = pieces[c];
+    const q8_piece q = where[c];
+    const float scale = tensor_scale ? grad_scale * tensor_scale[pc.tensor] : grad_scale;
+    const std::size_t e0 = first * q8::block, e1 = last * q8::block < pc.count ? last * q8::block : pc.count;
+    Param* p = params + pc.buffer + e0;
+    const Grad* g = grads + (grads_local ? pc.local : pc.buffer) + e0;
+    float* m = master ? master + pc.local + e0 : nullptr;
+    if (q.quantized) {
+      q8_args<Param, Grad> a{p, g, m, {}, {}, {}, {}, scale, key, pc.layout + e0};
+      for (int k = 0; k < N; ++k) {
+        a.code[k] = code[k] + q.offset + e0;
+        a.absmax[k] = absmax[k] + q.offset / q8::block + first;
+        a.map[k] = map[k];
+        a.lut[k] = lut[k];
+      }
+      update_range_q8<Policy, N, Mode>(scalars[pc.group], a, e1 - e0);
+    } else {
+      update_args<Param, Grad, float> a{p, g, m, {}, scale, key, pc.layout + e0};
+      for (int k = 0; k < N; ++k) a.state[k] = small[k] + q.offset + e0;
+      update_range<Policy, N, Mode>(scalars[pc.group], a, e1 - e0);
+    }
+  }
+};
+
 /// The 8-bit part of an optimizer<Policy, ...> on executor Exec. Its functions take the
 /// optimizer (whose friend it is); the codes themselves live in the optimizer's state
 /// slots.
 template <class Policy, class Exec>
 struct q8_engine {
-  /// Where a piece's states sit: in the codes (block-aligned) or in the fp32 states.
-  struct piece {
-    bool quantized = false;
-    std::size_t offset = 0;
-  };
+  using piece = q8_piece;
 
   /// Compact buffers: the codes of the tensors with at least min_8bit_size elements (each
   /// piece padded to whole blocks, so that a piece's blocks are its tensor's blocks), and
@@ -66,17 +124,59 @@ struct q8_engine {
       if (quantized) codes += (pieces[c].count + q8::block - 1) / q8::block * q8::block;
       else small += pieces[c].count;
     }
-    constexpr std::size_t per = Opt::chunk_elems;
     for (int k = 0; k < o.slots_; ++k) {
       o.states_[k] = buffer<std::uint8_t, Exec>(o.exec_, codes);
-      std::uint8_t* code = o.states_[k].data();
-      const std::uint8_t zero = q8_slot_codebook<Policy>(k).zero_code();
-      o.exec_.parallel_for((codes + per - 1) / per, [&](std::size_t c) {
-        std::fill(code + c * per, code + std::min(codes, (c + 1) * per), zero);
-      });
+      fill_phase<std::uint8_t> fill;
+      fill.n = codes;
+      fill.chunk = Opt::chunk_elems;
+      fill.data = o.states_[k].data();
+      fill.value = q8_slot_codebook<Policy>(k).zero_code();
+      launch(o.exec_, fill.items(), fill);
       absmax_[k] = buffer<float, Exec>(o.exec_, codes / q8::block);
       small_[k] = buffer<float, Exec>(o.exec_, small);
     }
+    if constexpr (!host_memory<Exec>) {  // what the update phase reads, in the executor's memory
+      where_dev_ = buffer<q8_piece, Exec>(o.exec_, pieces_.size());
+      copy_bytes(o.exec_, where_dev_.data(), pieces_.data(), where_dev_.bytes());
+      for (int nonneg = 0; nonneg < 2; ++nonneg) {
+        const q8_codebook& book = nonneg ? unsigned_codebook() : signed_codebook();
+        map_dev_[nonneg] = buffer<float, Exec>(o.exec_, 256);
+        copy_bytes(o.exec_, map_dev_[nonneg].data(), book.values().data(), map_dev_[nonneg].bytes());
+        lut_dev_[nonneg] = buffer<std::int32_t, Exec>(o.exec_, 2 * q8_codebook::slices);
+        copy_bytes(o.exec_, lut_dev_[nonneg].data(), book.lookup(), lut_dev_[nonneg].bytes());
+      }
+    }
+  }
+
+  /// The update phase of bucket `b`'s pieces whose group uses N state slots; `sc`, `slots`
+  /// and `tensor_scale` are in the executor's memory.
+  template <param_mode Mode, int N, class Opt, class G>
+  void launch_update(Opt& o, const typename Policy::scalars* sc, const int* slots, const float* tensor_scale,
+                     const G* grads, float grad_scale, std::uint64_t key, const shard_bucket& b) {
+    q8_update_phase<Policy, N, Mode, typename Opt::param_type, G> u;
+    u.pieces = o.exec_pieces() + b.first_piece;
+    if constexpr (host_memory<Exec>) u.where = pieces_.data() + b.first_piece;
+    else u.where = where_dev_.data() + b.first_piece;
+    u.scalars = sc;
+    u.slots = slots;
+    u.tensor_scale = tensor_scale;
+    if constexpr (Opt::projects) u.matrix_index = o.proj_.matrix_index_.data();
+    u.params = o.params_.data();
+    u.grads = grads;
+    u.grads_local = std::is_same_v<G, float> && o.reduces_in_fp32();
+    u.master = o.uses_master() ? o.master_.data() : nullptr;
+    for (int k = 0; k < N; ++k) {
+      u.code[k] = o.states_[k].data();
+      u.absmax[k] = absmax_[k].data();
+      u.small[k] = small_[k].data();
+      const bool nonneg = state_slot_nonnegative<Policy>(k);
+      const q8_codebook& book = q8_slot_codebook<Policy>(k);
+      u.map[k] = host_memory<Exec> ? book.values().data() : map_dev_[nonneg ? 1 : 0].data();
+      u.lut[k] = host_memory<Exec> ? book.lookup() : lut_dev_[nonneg ? 1 : 0].data();
+    }
+    u.grad_scale = grad_scale;
+    u.key = key;
+    launch(o.exec_, b.end_piece - b.first_piece, u);
   }
 
   /// Where this rank's part of a tensor sits in the q8 buffers.
@@ -98,34 +198,6 @@ struct q8_engine {
     q.first = pieces[r.first].layout - o.layout_.tensors()[i].offset;
     for (std::size_t c = r.first; c < r.end; ++c) q.count += pieces[c].count;
     return q;
-  }
-
-  /// q8: one piece, through the 8-bit loop or, for tensors below min_8bit_size, the
-  /// plain loop over their fp32 states.
-  template <param_mode Mode, int N, class Opt, class G>
-  void run_piece(Opt& o, const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
-                    std::size_t c) {
-    const shard_piece& pc = o.plan_.pieces()[c];
-    const piece& q = pieces_[c];
-    const bool local = std::is_same_v<G, float> && o.reduces_in_fp32();
-    typename Opt::param_type* p = o.params_.data() + pc.buffer;
-    const G* g = grads + (local ? pc.local : pc.buffer);
-    float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
-    if (q.quantized) {
-      q8_args<typename Opt::param_type, G> a{p, g, m, {}, {}, {}, {}, grad_scale, key, pc.layout};
-      for (int k = 0; k < N; ++k) {
-        const q8_codebook& book = q8_slot_codebook<Policy>(k);
-        a.code[k] = o.states_[k].data() + q.offset;
-        a.absmax[k] = absmax_[k].data() + q.offset / q8::block;
-        a.map[k] = book.values().data();
-        a.lut[k] = book.lookup();
-      }
-      update_range_q8<Policy, N, Mode>(sc, a, pc.count);
-    } else {
-      update_args<typename Opt::param_type, G, float> a{p, g, m, {}, grad_scale, key, pc.layout};
-      for (int k = 0; k < N; ++k) a.state[k] = small_[k].data() + q.offset;
-      update_range<Policy, N, Mode>(sc, a, pc.count);
-    }
   }
 
   /// This rank's part of state slot `k` of tensor `name`, decoded to fp32.
@@ -151,6 +223,11 @@ struct q8_engine {
   std::vector<piece> pieces_;                   // per piece of the plan
   std::array<buffer<float, Exec>, 4> absmax_;  // one per block of codes
   std::array<buffer<float, Exec>, 4> small_;   // states of the tensors below min_8bit_size
+  // Device executors only: pieces_, and the signed [0] and unsigned [1] maps and lookup
+  // tables, in the executor's memory.
+  buffer<q8_piece, Exec> where_dev_;
+  std::array<buffer<float, Exec>, 2> map_dev_;
+  std::array<buffer<std::int32_t, Exec>, 2> lut_dev_;
 };
 
 /// Marks the 8-bit engine as included (optimizer.hpp checks it with a clear message).

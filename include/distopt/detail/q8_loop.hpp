@@ -41,17 +41,17 @@ struct q8_args {
 /// The absolute maximum of x[0, m) as the bit pattern of a float: non-negative floats
 /// order like their bit patterns, so an integer max reduction (which vectorises, where a
 /// float max reduction needs -ffast-math) finds it. A NaN gives a NaN absmax.
-DISTOPT_INLINE float block_absmax(const float* DISTOPT_RESTRICT x, std::size_t m) {
+DISTOPT_HD DISTOPT_INLINE float block_absmax(const float* DISTOPT_RESTRICT x, std::size_t m) {
   std::uint32_t top = 0;
   for (std::size_t i = 0; i < m; ++i) {
-    const std::uint32_t mag = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+    const std::uint32_t mag = __builtin_bit_cast(std::uint32_t, x[i]) & 0x7fffffffu;  // device code too
     top = top > mag ? top : mag;
   }
-  return std::bit_cast<float>(top);
+  return __builtin_bit_cast(float, top);
 }
 
 /// Decodes one block of one slot: map[code] * absmax.
-DISTOPT_INLINE void decode_block(const float* DISTOPT_RESTRICT map, const std::uint8_t* DISTOPT_RESTRICT code,
+DISTOPT_HD DISTOPT_INLINE void decode_block(const float* DISTOPT_RESTRICT map, const std::uint8_t* DISTOPT_RESTRICT code,
                                  float absmax, std::size_t m, float* DISTOPT_RESTRICT out) {
   for (std::size_t i = 0; i < m; ++i) out[i] = map[code[i]] * absmax;
 }
@@ -63,13 +63,13 @@ inline void decode_blocks(const float* map, const std::uint8_t* codes, const flo
 }
 
 /// Writes the nearest codes of x[0, m) * inv through one slot's lookup table.
-DISTOPT_INLINE void encode_block(const float* DISTOPT_RESTRICT x, float inv, std::size_t m,
+DISTOPT_HD DISTOPT_INLINE void encode_block(const float* DISTOPT_RESTRICT x, float inv, std::size_t m,
                                  const std::int32_t* DISTOPT_RESTRICT lut, std::uint8_t* DISTOPT_RESTRICT out) {
   for (std::size_t i = 0; i < m; ++i) out[i] = q8_codebook::q8_nearest(lut, x[i] * inv);
 }
 
 /// Stores one block's new values x[0, m): their absmax, then the nearest codes of x / absmax.
-DISTOPT_INLINE void requantize_block(const float* DISTOPT_RESTRICT x, std::size_t m, const std::int32_t* lut,
+DISTOPT_HD DISTOPT_INLINE void requantize_block(const float* DISTOPT_RESTRICT x, std::size_t m, const std::int32_t* lut,
                                      float& absmax, std::uint8_t* DISTOPT_RESTRICT out) {
   const float amax = block_absmax(x, m);
   absmax = amax;
@@ -78,14 +78,14 @@ DISTOPT_INLINE void requantize_block(const float* DISTOPT_RESTRICT x, std::size_
 
 /// Updates the `n` elements `a` points to, with N quantized state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad>
-DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
+DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
                                         std::size_t n) {
   constexpr std::size_t B = q8::block;
   constexpr int S = N > 0 ? N : 1;
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
   for (std::size_t b0 = 0, blk = 0; b0 < n; b0 += B, ++blk) {
-    const std::size_t m = std::min(B, n - b0);
+    const std::size_t m = n - b0 < B ? n - b0 : B;
     Param* DISTOPT_RESTRICT p = a.param + b0;
     const Grad* DISTOPT_RESTRICT g = a.grad + b0;
     float* DISTOPT_RESTRICT mw = Mode == param_mode::master ? a.master + b0 : nullptr;

@@ -7,7 +7,8 @@
 /// same object is a host loop's functor and a device kernel's argument.
 ///
 /// A phase is a list of work items (a chunk of a flat array, a piece of a tensor); item c
-/// has `size(c)` elements, and `body(c, first, last)` does elements [first, last) of it.
+/// has `size(c)` units (elements, or the 8-bit phase's blocks of 256), and
+/// `body(c, first, last)` does units [first, last) of it.
 /// A host executor calls body(c, 0, size(c)) once per item: one contiguous loop, the
 /// vectorised (and AVX2-cloned) code of the CPU path. A device executor cuts each item
 /// over its threads. Which thread does which elements never changes a result: every
@@ -48,13 +49,15 @@ struct chunked {
   }
 };
 
-/// Sets every element of `data` to zero (zero_grad).
+/// Sets every element of `data` to `value` (zero_grad; q8 codes start as the code of 0).
 template <class T>
-struct zero_phase : chunked {
+struct fill_phase : chunked {
   T* data = nullptr;
+  T value{};
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     T* p = data + c * chunk;
-    for (std::size_t i = first; i < last; ++i) p[i] = T{};
+    const T v = value;
+    for (std::size_t i = first; i < last; ++i) p[i] = v;
   }
 };
 
