@@ -11,6 +11,7 @@
 
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
+#include <distopt/storage/q8.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -63,10 +64,10 @@ distopt::layout small_tensors(distopt::dtype t) {
   return l;
 }
 
-template <class Policy, class Param, class Grad>
+template <class Policy, class Param, class Grad, class Enc = distopt::fp32>
 row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper_params& h, bool many,
              bool check_finite) {
-  using opt_t = distopt::optimizer<Policy, distopt::replicated<distopt::fp32>, distopt::single, distopt::cuda,
+  using opt_t = distopt::optimizer<Policy, distopt::replicated<Enc>, distopt::single, distopt::cuda,
                                    distopt::precision<Param, Grad>>;
   const distopt::layout l =
       many ? small_tensors(distopt::dtype_of<Param>) : bench::gpt_like(o.params, distopt::dtype_of<Param>);
@@ -79,9 +80,13 @@ row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper
   const double secs = best_seconds(o.repeats, stream, [&] { opt.step(); });
   constexpr bool master = !std::is_same_v<Param, float>;
   const int slots = Policy::state_slots(h);
-  const double bytes = (master ? sizeof(Param) + 8.0 : 2.0 * sizeof(Param)) + sizeof(Grad) + 8.0 * slots +
+  // Each state slot read and written: 4 B fp32, 2 B bf16; q8 1 B codes and a 4 B absmax per 256.
+  constexpr bool quantized = distopt::quantized_encoding<Enc>;
+  const double per_slot = quantized ? 2.0 + 8.0 / 256 : 2.0 * sizeof(Enc);
+  const double bytes = (master ? sizeof(Param) + 8.0 : 2.0 * sizeof(Param)) + sizeof(Grad) + per_slot * slots +
                        (check_finite ? sizeof(Grad) : 0.0);
-  const std::string prec = master ? std::string(distopt::dtype_name(distopt::dtype_of<Param>)) + "+master" : "fp32";
+  std::string prec = master ? std::string(distopt::dtype_name(distopt::dtype_of<Param>)) + "+master" : "fp32";
+  if (quantized) prec += "/q8";
   return {std::string(Policy::name), many ? "65536x1024" : "gpt-like", prec, check_finite ? "on" : "off", bytes,
           secs, static_cast<double>(l.numel())};
 }
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
       rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, false, check));
       rows.push_back(run_case<distopt::adamw, distopt::bf16, distopt::bf16>(o, stream, w, false, check));
     }
+    rows.push_back(run_case<distopt::adamw, float, float, distopt::q8>(o, stream, w, false, true));
     rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, true, true));
     rows.push_back(run_case<distopt::adamw, float, float>(o, stream, w, true, false));
 

@@ -7,9 +7,10 @@
 /// (--fmad=false, the distopt::cuda target) its results are the CPU executor's, bit for bit.
 ///
 /// What runs on it today: the element-wise policies (sgd, adam, adamw, lion, custom ones)
-/// with fp32 or bf16 states, replicated, with the `single` communicator; fp32, bf16 and
-/// fp16 params, master weights or stochastic rounding, the exact global norm, clipping,
-/// percentile clipping, loss scaling and the NaN/Inf skip. The layer-wise, q8 and GaLore
+/// with fp32, bf16 or q8 states, replicated or sharded; fp32, bf16 and fp16 params, master
+/// weights or stochastic rounding, the exact global norm, clipping, percentile clipping,
+/// loss scaling and the NaN/Inf skip; host communicators (single, threads, mpi, any_comm),
+/// whose collectives the optimizer stages through host memory. The layer-wise and GaLore
 /// engines are host loops still (the optimizer refuses them on cuda at compile time), and
 /// the step reads the norm back to the host (one synchronisation a step with the finite
 /// check or clipping on).
@@ -84,12 +85,15 @@ class cuda {
   static constexpr bool runs_host_functions = false;
 
   /// Whichever device is current at each call, and the legacy default stream. Touches no
-  /// device: an empty buffer holds one of these.
+  /// device: an empty buffer holds one of these. Allocate, step and destroy an optimizer on
+  /// it with the same device current.
   cuda() noexcept = default;
   /// `device` (-1: whichever is current at each call) and `stream` (null: the legacy default
-  /// stream). Both are needed: a lone int would read as a thread count in code generic over
-  /// executors.
-  cuda(int device, cudaStream_t stream) : device_(device), stream_(stream) {
+  /// stream, cudaStreamLegacy, also under nvcc --default-stream per-thread, so that an
+  /// optimizer made on one host thread and stepped on another stays ordered). Both are
+  /// needed: a lone int would read as a thread count in code generic over executors. The
+  /// stream must outlive every optimizer on it: they free their memory on it.
+  cuda(int device, cudaStream_t stream) : device_(device), stream_(stream ? stream : cudaStreamLegacy) {
     if (device_ >= 0) {
       int count = 0;
       cuda_exec::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
@@ -170,7 +174,7 @@ class cuda {
   }
 
   int device_ = -1;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = cudaStreamLegacy;
 };
 
 }  // namespace distopt
