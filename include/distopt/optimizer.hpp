@@ -920,7 +920,11 @@ class optimizer {
       detail::launch(exec_, items, sq);
     } else {
       if (step_sums_.size() < items) step_sums_ = detail::buffer<detail::exact_sum, Exec>(exec_, items);
-      detail::copy_bytes(exec_, step_sums_.data(), sums.data(), items * sizeof(detail::exact_sum));  // zeros
+      detail::fill_phase<detail::exact_sum> zero;  // empty sums, set on the device
+      zero.n = items;
+      zero.chunk = 64;
+      zero.data = step_sums_.data();
+      detail::launch(exec_, zero.items(), zero);
       sq.out = step_sums_.data();
       detail::launch(exec_, items, sq);
       detail::copy_bytes(exec_, sums.data(), step_sums_.data(), items * sizeof(detail::exact_sum));
