@@ -266,10 +266,7 @@ class optimizer {
     const int d = comm_.size();
     plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
                                options_.bucket_elems, chunk_elems);
-    if constexpr (!host_memory<Exec>) {  // the piece table, read by the phases in a launch
-      pieces_dev_ = detail::buffer<detail::shard_piece, Exec>(exec_, plan_.pieces().size());
-      detail::copy_bytes(exec_, pieces_dev_.data(), plan_.pieces().data(), pieces_dev_.bytes());
-    }
+    in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
     params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
     grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     if (reduces_in_fp32()) {
@@ -859,14 +856,8 @@ class optimizer {
   template <class G>
   detail::exact_sum local_squares(const G* base, double inv) {
     const auto& pieces = plan_.pieces();
-    detail::squares_phase<G> sq;
-    sq.pieces = exec_pieces();
-    sq.piece_count = pieces.size();
+    detail::squares_phase<G> sq = squares_of(base, std::is_same_v<G, float> && reduces_in_fp32(), inv);
     sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
-    sq.grads = base;
-    sq.grads_local = std::is_same_v<G, float> && reduces_in_fp32();
-    sq.scale = inv;
-    sq.block = layout_.block_size();
     std::vector<unsigned char> skip;  // read by the launch below (host executors)
     if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
       skip.resize(pieces.size());
@@ -907,6 +898,20 @@ class optimizer {
     u.grad_scale = grad_scale;
     u.key = key;
     detail::launch(exec_, b.end_piece - b.first_piece, u);
+  }
+
+  /// The squares phase of this rank's pieces of `grads` (local or buffer index) times
+  /// `scale`, one item per piece.
+  template <class G>
+  detail::squares_phase<G> squares_of(const G* grads, bool local, double scale) const noexcept {
+    detail::squares_phase<G> sq;
+    sq.pieces = exec_pieces();
+    sq.piece_count = plan_.pieces().size();
+    sq.grads = grads;
+    sq.grads_local = local;
+    sq.scale = scale;
+    sq.block = layout_.block_size();
+    return sq;
   }
 
   /// Runs a squares phase over its items and returns their exact sums on the host (a copy
@@ -1005,18 +1010,8 @@ class optimizer {
     const auto& pieces = plan_.pieces();
     const bool local = reduces_in_fp32();
     const double inv = 1.0 / loss_scale();
-    const auto piece_squares = [&](const auto* grads) {
-      detail::squares_phase<std::remove_cvref_t<decltype(*grads)>> sq;
-      sq.pieces = exec_pieces();
-      sq.piece_count = pieces.size();
-      sq.grads = grads;
-      sq.grads_local = local;
-      sq.scale = inv;
-      sq.block = layout_.block_size();
-      return run_squares(sq);
-    };
-    const std::vector<detail::exact_sum> piece_sums =
-        local ? piece_squares(grads32_.data()) : piece_squares(grads_.data());
+    const std::vector<detail::exact_sum> piece_sums =  // one sum per piece
+        local ? run_squares(squares_of(grads32_.data(), true, inv)) : run_squares(squares_of(grads_.data(), false, inv));
     std::vector<detail::exact_sum> sums(tensors.size());
     for (std::size_t c = 0; c < pieces.size(); ++c) sums[pieces[c].tensor].add(piece_sums[c]);
     const auto all_reduce = [&](auto& group, const std::vector<std::size_t>& which) {

@@ -47,13 +47,10 @@ struct q8_piece {
 /// unit per block of q8::block elements: update_range_q8 over the codes of 8-bit tensors,
 /// update_range over the fp32 states of the others. Pieces start on q8 blocks.
 template <class Policy, int N, param_mode Mode, class Param, class Grad>
-struct q8_update_phase {
-  const shard_piece* pieces = nullptr;  ///< the bucket's first piece
+struct q8_update_phase : bucket_pieces {
   const q8_piece* where = nullptr;      ///< per piece of the bucket
   const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
-  const int* slots = nullptr;                         ///< per group, state slots in use
   const float* tensor_scale = nullptr;                ///< per tensor (percentile clipping), or null
-  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
   Param* params = nullptr;
   const Grad* grads = nullptr;
   bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
@@ -67,10 +64,7 @@ struct q8_update_phase {
   std::uint64_t key = 0;
 
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
-    const shard_piece& pc = pieces[c];
-    if (slots[pc.group] != N) return 0;
-    if (matrix_index && matrix_index[pc.tensor] >= 0) return 0;  // updated by the projection engine
-    return (pc.count + q8::block - 1) / q8::block;
+    return takes(c, N) ? (pieces[c].count + q8::block - 1) / q8::block : 0;
   }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
@@ -136,8 +130,7 @@ struct q8_engine {
       small_[k] = buffer<float, Exec>(o.exec_, small);
     }
     if constexpr (!host_memory<Exec>) {  // what the update phase reads, in the executor's memory
-      where_dev_ = buffer<q8_piece, Exec>(o.exec_, pieces_.size());
-      copy_bytes(o.exec_, where_dev_.data(), pieces_.data(), where_dev_.bytes());
+      o.in_exec(pieces_, where_dev_);
       for (int nonneg = 0; nonneg < 2; ++nonneg) {
         const q8_codebook& book = nonneg ? unsigned_codebook() : signed_codebook();
         map_dev_[nonneg] = buffer<float, Exec>(o.exec_, 256);

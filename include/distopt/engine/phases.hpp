@@ -88,16 +88,25 @@ struct master_load_phase {
   }
 };
 
+/// Which of a bucket's pieces an update pass takes: those whose group uses `n` state slots
+/// this step (pieces of other counts are another pass's), except GaLore's projected matrices.
+struct bucket_pieces {
+  const shard_piece* pieces = nullptr;  ///< the bucket's first piece
+  const int* slots = nullptr;           ///< per group, state slots in use
+  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
+  DISTOPT_HD bool takes(std::size_t c, int n) const noexcept {
+    const shard_piece& pc = pieces[c];
+    return slots[pc.group] == n && !(matrix_index && matrix_index[pc.tensor] >= 0);
+  }
+};
+
 /// The fused element update of the pieces of one bucket whose group uses N state slots:
 /// grads (times the step's scale) -> states -> fp32 value -> params (update_range, the
 /// body every backend runs). Pieces of groups with another slot count are another pass's.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
-struct update_phase {
-  const shard_piece* pieces = nullptr;              ///< the bucket's first piece
+struct update_phase : bucket_pieces {
   const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
-  const int* slots = nullptr;                       ///< per group, state slots in use
   const float* tensor_scale = nullptr;              ///< per tensor (percentile clipping), or null
-  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
   const std::size_t* state_at = nullptr;  ///< per piece of the bucket: its state offset (GaLore), or null (local index)
   Param* params = nullptr;
   const Grad* grads = nullptr;
@@ -107,12 +116,7 @@ struct update_phase {
   float grad_scale = 1.0f;
   std::uint64_t key = 0;
 
-  DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
-    const shard_piece& pc = pieces[c];
-    if (slots[pc.group] != N) return 0;
-    if (matrix_index && matrix_index[pc.tensor] >= 0) return 0;
-    return pc.count;
-  }
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return takes(c, N) ? pieces[c].count : 0; }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
     const float scale = tensor_scale ? grad_scale * tensor_scale[pc.tensor] : grad_scale;
