@@ -37,21 +37,43 @@
 #define DISTOPT_DEVICE_CODE 0
 #endif
 
-/// Host loops that benefit from wider vectors are compiled twice, for the x86-64 baseline
-/// and for AVX2, and the loader picks one per machine (GCC function multi-versioning).
-/// AVX2 brings 256-bit vectors and a cheap 32-to-16-bit pack for bf16, but no FMA, so
-/// both versions compute the same bits. Off where the compiler already targets AVX2, off
-/// for Clang and device code, off under ThreadSanitizer (its instrumented ifunc resolver
-/// runs before the TSan runtime starts and crashes), and off with -DDISTOPT_NO_TARGET_CLONES.
-/// DISTOPT_HAS_CPU_CLONES says which (1 or 0).
+/// Host loops that benefit from wider vectors are compiled three times, for the x86-64
+/// baseline, for AVX2 and for x86-64-v4 (AVX-512), and the loader picks one per machine
+/// (GCC function multi-versioning). AVX2 brings 256-bit vectors and a 32-to-16-bit pack for
+/// bf16; AVX-512 brings masks, 512-bit vectors and a one-instruction 32-to-16-bit narrowing,
+/// which put the bf16 paths at memory speed. x86-64-v4 also has FMA: each version is compiled
+/// with -ffp-contract=off (the optimize attribute, whatever the user's flags), so that no
+/// multiply-add is contracted and every version computes the same bits. Off for Clang and
+/// device code, off under ThreadSanitizer (its instrumented ifunc resolver runs before the
+/// TSan runtime starts and crashes), off where the compiler already targets AVX-512, and off
+/// with -DDISTOPT_NO_TARGET_CLONES. DISTOPT_HAS_CPU_CLONES says which (1 or 0). Every
+/// declaration of such a function carries the macro: GCC takes the optimize attribute from
+/// the first one (a forward declaration without it let the AVX-512 clone contract, and
+/// cpu_paths_agree failed).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
-    defined(__linux__) && !defined(__AVX2__) && !defined(__SANITIZE_THREAD__) &&          \
+    defined(__linux__) && !defined(__AVX512F__) && !defined(__SANITIZE_THREAD__) &&       \
     !defined(DISTOPT_NO_TARGET_CLONES)
-#define DISTOPT_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#if defined(__AVX2__)
+#define DISTOPT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "default"), optimize("fp-contract=off")))
+#else
+#define DISTOPT_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+#endif
 #define DISTOPT_HAS_CPU_CLONES 1
 #else
 #define DISTOPT_CPU_CLONES
 #define DISTOPT_HAS_CPU_CLONES 0
+#endif
+
+/// Arrays of binary16 are converted by the F16C instructions (vcvtph2ps, vcvtps2ph with
+/// round-to-nearest-even: the portable conversions' bits) where the CPU has them, chosen at
+/// run time (GCC on x86-64; always where the compiler targets F16C); never with
+/// -DDISTOPT_NO_F16C. DISTOPT_HAS_F16C_PATH says whether this build has that path (1 or 0).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
+    !defined(DISTOPT_NO_F16C)
+#define DISTOPT_HAS_F16C_PATH 1
+#else
+#define DISTOPT_HAS_F16C_PATH 0
 #endif
 
 /// Code that depends on no template argument (the layout, the shard plan, the CPU thread

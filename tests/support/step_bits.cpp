@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// Runs a fixed mixed-precision workload through every policy and prints a hash of the
-// resulting params and states. Built twice, with and without the AVX2 function clones
-// (DISTOPT_NO_TARGET_CLONES), so ctest can check that both machine paths give the same bits.
+// Runs a fixed mixed-precision workload through every policy (element-wise, 8-bit states,
+// layer-wise) and prints a hash of the resulting params and states. Built three times: with
+// the function clones and the F16C conversions (the AVX-512 clone on a CPU that has it),
+// for AVX2 without clones, and for the x86-64 baseline (both with DISTOPT_NO_TARGET_CLONES
+// and DISTOPT_NO_F16C), so ctest can check that every machine path gives the same bits. All
+// three are compiled with -ffp-contract=fast, as a user's GNU-mode build would be: the
+// clones must not contract.
 // `step-bits --path` prints which path the update loops take in this build on this CPU
-// (first word avx2 or baseline), so the test can tell when both programs run the same one.
+// (first word avx512, avx2 or baseline), so the test can tell when programs run the same one.
 
 #include <distopt/distopt.hpp>
 
@@ -12,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -20,6 +25,11 @@ std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+template <class Range>
+std::uint64_t fnv1a(std::uint64_t h, const Range& r) {
+  return fnv1a(h, std::data(r), std::size(r) * sizeof(*std::data(r)));
 }
 
 template <class Policy, class State, class Param, class Grad>
@@ -43,26 +53,30 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
     opt.step();
   }
   std::uint64_t hash = 0xcbf29ce484222325ull;
-  hash = fnv1a(hash, norms.data(), norms.size() * sizeof(double));
-  hash = fnv1a(hash, opt.params().data(), opt.params().size_bytes());
-  for (int k = 0; k < Policy::state_slots(h); ++k) {
-    auto st = opt.state("a", k);
-    hash = fnv1a(hash, st.data(), st.size_bytes());
-  }
+  hash = fnv1a(hash, norms);
+  hash = fnv1a(hash, opt.params());
+  for (int k = 0; k < Policy::state_slots(h); ++k)
+    for (const char* t : {"a", "b"}) hash = fnv1a(hash, opt.state_values(t, k));
   return hash;
 }
 
-/// The update loops' machine path in this program on this CPU: "avx2" or "baseline", then
-/// why.
-const char* cpu_path() {
-#if defined(__AVX2__)
-  return "avx2 (the compiler targets AVX2, so there are no clones)";
-#elif DISTOPT_HAS_CPU_CLONES
+/// The update loops' machine path in this program on this CPU: "avx512", "avx2" or
+/// "baseline", then why, and whether binary16 arrays take F16C.
+std::string cpu_path() {
+  const std::string f16c = distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions";
+#if DISTOPT_HAS_CPU_CLONES
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") ? "avx2 (the AVX2 clone, chosen at load time for this CPU)"
-                                        : "baseline (the default clone: this CPU has no AVX2)";
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + f16c;
+#if !defined(__AVX2__)
+  if (!__builtin_cpu_supports("avx2")) return "baseline (the default clone: this CPU has no AVX2)" + f16c;
+#endif
+  return "avx2 (the AVX2 clone, chosen at load time)" + f16c;
+#elif defined(__AVX512F__)
+  return "avx512 (the compiler targets AVX-512, so there are no clones)" + f16c;
+#elif defined(__AVX2__)
+  return "avx2 (the compiler targets AVX2, no clones)" + f16c;
 #else
-  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)";
+  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)" + f16c;
 #endif
 }
 
@@ -70,7 +84,7 @@ const char* cpu_path() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--path") == 0) {
-    std::printf("%s\n", cpu_path());
+    std::printf("%s\n", cpu_path().c_str());
     return 0;
   }
   using distopt::bf16;
@@ -90,4 +104,16 @@ int main(int argc, char** argv) {
   std::printf("adam amsgrad fp16 %016llx\n", (unsigned long long)run<distopt::adam, float, fp16, fp16>(adam, true));
   std::printf("sgd nesterov %016llx\n", (unsigned long long)run<distopt::sgd, float, float, bf16>(sgd, true));
   std::printf("lion bf16 %016llx\n", (unsigned long long)run<distopt::lion, bf16, bf16, float>(lion, false));
+  std::printf("adamw fp16 master fp16 grads %016llx\n",
+              (unsigned long long)run<distopt::adamw, float, fp16, fp16>(adamw, true));
+  std::printf("adamw fp16 in place fp32 grads %016llx\n",
+              (unsigned long long)run<distopt::adamw, float, fp16, float>(adamw, false));
+  std::printf("adamw q8 bf16 master %016llx\n",
+              (unsigned long long)run<distopt::adamw, distopt::q8, bf16, bf16>(adamw, true));
+  std::printf("lamb fp32 %016llx\n",
+              (unsigned long long)run<distopt::lamb, float, float, float>(distopt::lamb::hyper_params{}, true));
+  distopt::adafactor::hyper_params adafactor;
+  adafactor.beta1 = 0.9;
+  std::printf("adafactor bf16 master %016llx\n",
+              (unsigned long long)run<distopt::adafactor, float, bf16, bf16>(adafactor, true));
 }

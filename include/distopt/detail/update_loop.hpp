@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../config.hpp"
 #include "../types/rounding.hpp"
 #include "exact_sum.hpp"
+#include "fp16_arrays.hpp"
 
 namespace distopt::detail {
 
@@ -87,10 +89,66 @@ DISTOPT_HD DISTOPT_INLINE void update_one(const typename Policy::scalars& s, Par
   store_param<Mode>(p, m, i, value, key, base);
 }
 
+/// Elements per chunk of the host loops that stage binary16 through float (fp16_arrays.hpp).
+inline constexpr std::size_t fp16_chunk = 1024;
+
+/// Whether update_range stages its binary16 params or grads through float on the host: the
+/// F16C conversions of a chunk and the float loop take a fifth of the per-element
+/// conversions' time. Stochastic rounding writes bf16, never fp16.
+template <class Param, class Grad, param_mode Mode>
+inline constexpr bool stages_fp16 =
+    (std::is_same_v<Param, fp16> && Mode != param_mode::no_master_sr) || std::is_same_v<Grad, fp16>;
+
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
+                                                std::size_t n);
+
+/// update_range over `a`, a chunk at a time: binary16 grads (and params, unless they are
+/// only written from the master) are converted to float arrays first, the float loop runs
+/// on them, and binary16 params are converted back. The conversions are exact or to
+/// nearest even, the same as the per-element ones, so the bits are update_range's.
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+void update_range_staged(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a, std::size_t n) {
+  constexpr bool param16 = std::is_same_v<Param, fp16> && Mode != param_mode::no_master_sr;
+  constexpr bool grad16 = std::is_same_v<Grad, fp16>;
+  using P = std::conditional_t<param16, float, Param>;
+  using G = std::conditional_t<grad16, float, Grad>;
+  alignas(64) float pbuf[param16 ? fp16_chunk : 1];
+  alignas(64) float gbuf[grad16 ? fp16_chunk : 1];
+  for (std::size_t c = 0; c < n; c += fp16_chunk) {
+    const std::size_t k = n - c < fp16_chunk ? n - c : fp16_chunk;
+    update_args<P, G, Enc> b{};
+    if constexpr (param16) {
+      if constexpr (Mode != param_mode::master) fp16_to_float(a.param + c, pbuf, k);
+      b.param = pbuf;
+    } else {
+      b.param = a.param + c;
+    }
+    if constexpr (grad16) {
+      fp16_to_float(a.grad + c, gbuf, k);
+      b.grad = gbuf;
+    } else {
+      b.grad = a.grad + c;
+    }
+    b.master = Mode == param_mode::master ? a.master + c : nullptr;
+    for (int j = 0; j < N; ++j) b.state[j] = a.state[j] + c;
+    b.grad_scale = a.grad_scale;
+    b.random_key = a.random_key;
+    b.random_base = a.random_base + c;
+    update_range<Policy, N, Mode>(sc, b, k);
+    if constexpr (param16) float_to_fp16(pbuf, a.param + c, k);
+  }
+}
+
 /// Updates the `n` elements `a` points to, with N state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
                                      std::size_t n) {
+#if DISTOPT_HAS_F16C_PATH
+  if constexpr (stages_fp16<Param, Grad, Mode>) {
+    if (f16c_path()) return update_range_staged<Policy, N, Mode>(sc, a, n);
+  }
+#endif
   Param* DISTOPT_RESTRICT p = a.param;
   const Grad* DISTOPT_RESTRICT g = a.grad;
   float* DISTOPT_RESTRICT m = a.master;
@@ -142,6 +200,20 @@ DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, 
 template <class Grad>
 DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
                                                      std::size_t block) {
+#if DISTOPT_HAS_F16C_PATH
+  if constexpr (std::is_same_v<Grad, fp16>) {
+    // Each block converted to float first (same values), as update_range_staged does.
+    if (block <= fp16_chunk && f16c_path()) {
+      alignas(64) float buf[fp16_chunk];
+      for (std::size_t b = 0; b < n; b += block) {
+        const std::size_t m = n - b < block ? n - b : block;
+        fp16_to_float(g + b, buf, m);
+        acc.add(sum_of_squares(buf, scale, m));
+      }
+      return;
+    }
+  }
+#endif
   for (std::size_t b = 0; b < n; b += block) acc.add(sum_of_squares(g + b, scale, n - b < block ? n - b : block));
 }
 

@@ -45,11 +45,14 @@ DISTOPT_HD constexpr std::uint16_t float_bits_to_fp16_bits(std::uint32_t u) noex
 }
 
 /// The binary32 bit pattern of the value encoded by binary16 bits `h` (exact), branch-free.
+/// A NaN stays NaN with its sign and payload, quietened, as IEEE 754's convertFormat and the
+/// F16C instruction vcvtph2ps do (the array path of detail/fp16_arrays.hpp).
 DISTOPT_HD constexpr std::uint32_t fp16_bits_to_float_bits(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t e = (h >> 10) & 0x1fu;
   const std::uint32_t m = h & 0x3ffu;
-  const std::uint32_t special = 0x7f800000u | (m << 13);  // inf, or NaN with its payload
+  // inf, or a NaN with its payload and the quiet bit
+  const std::uint32_t special = 0x7f800000u | (m << 13) | (m != 0u ? 0x400000u : 0u);
   const std::uint32_t normal = ((e + 112u) << 23) | (m << 13);
   // Subnormal m * 2^-24, normalised with integer operations only (no float arithmetic,
   // which GCC will not if-convert under -ftrapping-math): shift = 10 - floor(log2 m).
@@ -82,7 +85,7 @@ struct fp16 {
     return r;
   }
 
-  /// The exact float value (every binary16 is a float).
+  /// The exact float value (every binary16 is a float; a NaN comes back quietened).
   DISTOPT_HD constexpr explicit operator float() const noexcept {
     return __builtin_bit_cast(float, detail::fp16_bits_to_float_bits(bits));
   }
