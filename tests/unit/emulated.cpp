@@ -5,8 +5,7 @@
 // to host spans, and the optimizer run on it gives the CPU executor's bits: element-wise
 // policies with fp32, bf16 and 8-bit states, fp32, bf16 and fp16 params, clipping, loss scaling,
 // percentile clipping and fp32 grad reduction, one rank and d = 1..4 ranks as threads.
-// The element-wise cases run also on device_code_only: the emulated device configured as
-// distopt::cuda is (device code only, collectives staged through host memory). The
+// The element-wise cases run also on device_code_only (emulated_code_only.cpp). The
 // layer-wise policies are in emulated_layerwise.cpp.
 
 #include "executor_harness.hpp"
@@ -59,14 +58,6 @@ bool child_fails(F f) {
 int open_count() { return detail::device_arenas::instance().opened(); }
 
 using device_adamw = optimizer<adamw, replicated<fp32>, single, emulated_device>;
-
-/// The emulated device configured as distopt::cuda is: it runs device code only, so the
-/// optimizer takes only what runs on cuda (the element-wise phases; the host-loop engines
-/// are refused at compile time) and stages its collectives through host memory.
-struct device_code_only : emulated_device {
-  static constexpr bool runs_host_functions = false;
-  using emulated_device::emulated_device;
-};
 
 }  // namespace
 
@@ -178,40 +169,18 @@ BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_with_collectives_in_flight_closes_th
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// The element-wise cases (fp32, bf16 and q8 states) on both emulated executors: the
-// emulated device, and the same configured as distopt::cuda is (device code only:
-// collectives staged through host memory, the host-loop engines refused at compile time).
-// One rank and d = 1..4 ranks.
-using element_wise_executors = std::tuple<emulated_device, device_code_only>;
+// The element-wise cases on the emulated device (emulated_element_wise.hpp); the same
+// cases on it configured as distopt::cuda is are in emulated_code_only.cpp.
+using element_wise_executors = std::tuple<emulated_device>;
 
 BOOST_AUTO_TEST_SUITE(emulated_equals_cpu)
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(sgd_momentum_and_nesterov, Exec, element_wise_executors) {
-  static_assert(!runs_host_functions<device_code_only> && runs_host_functions<emulated_device>);
-  check_executor<Exec, sgd, fp32, precision<float>>(cases::sgd_momentum_and_nesterov(), run_options{});
-}
+#include "emulated_element_wise.hpp"
 
 BOOST_AUTO_TEST_CASE(adam_amsgrad_bf16_states_two_threads) {
   run_options ro;
   ro.threads = 2;
   check_executor<emulated_device, adam, bf16, precision<float>>({cases::adam_amsgrad()}, ro);
-}
-
-BOOST_AUTO_TEST_CASE(adam_amsgrad_bf16_params_master_bf16_states_reduced_in_fp32) {
-  run_options ro;
-  ro.threads = 2;
-  ro.clip = 2.0;
-  ro.options.grad_reduce_in_fp32 = true;
-  check_executor<device_code_only, adam, bf16, precision<bf16, bf16>>({cases::adam_amsgrad()}, ro, dtype::bf16);
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(adamw_clipped_with_percentile_clipping, Exec, element_wise_executors) {
-  adamw::hyper_params h;
-  h.lr = 1e-2;
-  run_options ro;
-  ro.clip = 1.0;
-  ro.options.percentile_clipping = 5;
-  check_executor<Exec, adamw, fp32, precision<float>>({h}, ro);
 }
 
 BOOST_AUTO_TEST_CASE(adamw_bf16_params_with_master_reduced_in_fp32) {
@@ -221,49 +190,6 @@ BOOST_AUTO_TEST_CASE(adamw_bf16_params_with_master_reduced_in_fp32) {
   ro.clip = 2.0;
   ro.options.grad_reduce_in_fp32 = true;
   check_executor<emulated_device, adamw, fp32, precision<bf16, bf16>>({h}, ro, dtype::bf16);
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(lion_bf16_stochastic_rounding, Exec, element_wise_executors) {
-  check_executor<Exec, lion, fp32, precision<bf16, float>>({cases::lion_decayed()}, cases::stochastic_rounding(),
-                                                           dtype::bf16);
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(q8_adamw_with_percentile_clipping, Exec, element_wise_executors) {
-  adamw::hyper_params h;
-  h.lr = 1e-2;
-  check_executor<Exec, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(q8_lion_bf16_params_with_master, Exec, element_wise_executors) {
-  lion::hyper_params h;
-  h.lr = 1e-3;
-  run_options ro;
-  ro.options.min_8bit_size = 256;
-  check_executor<Exec, lion, q8, precision<bf16, bf16>>({h}, ro, dtype::bf16);
-}
-
-BOOST_AUTO_TEST_CASE_TEMPLATE(adam_fp16_dynamic_loss_scaling, Exec, element_wise_executors) {
-  check_executor<Exec, adam, fp32, precision<fp16, fp16>>({adam::hyper_params{}}, cases::fp16_loss_scaling(),
-                                                          dtype::f16);
-}
-
-// Replicated states over d ranks, bf16 grads reduced in fp32: the all-reduced fp32 bucket
-// must reach the fp32 grads the update reads (staged through host memory on
-// device_code_only, in place on the emulated device).
-BOOST_AUTO_TEST_CASE_TEMPLATE(replicated_bf16_grads_reduced_in_fp32_over_ranks, Exec, element_wise_executors) {
-  const layout_case c = awkward_layouts()[3];  // several buckets
-  const layout l = make_layout(c, dtype::bf16);
-  adamw::hyper_params h;
-  h.lr = 1e-2;
-  run_options ro;
-  ro.clip = 1.0;
-  ro.options.grad_reduce_in_fp32 = true;
-  ro.options.bucket_elems = c.bucket;
-  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
-  for (int d : {2, 3})
-    BOOST_TEST_CONTEXT("d=" << d) {
-      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, Exec>(d, l, {h}, ro), ref);
-    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
