@@ -60,6 +60,10 @@
   __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
 #endif
 #define DISTOPT_HAS_CPU_CLONES 1
+#elif defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+// One version, still without contraction: a GCC build for AVX-512 (-march=native) has FMA.
+#define DISTOPT_CPU_CLONES __attribute__((optimize("fp-contract=off")))
+#define DISTOPT_HAS_CPU_CLONES 0
 #else
 #define DISTOPT_CPU_CLONES
 #define DISTOPT_HAS_CPU_CLONES 0
@@ -67,7 +71,7 @@
 
 /// Arrays of binary16 are converted by the F16C instructions (vcvtph2ps, vcvtps2ph with
 /// round-to-nearest-even: the portable conversions' bits) where the CPU has them, chosen at
-/// run time (GCC on x86-64; always where the compiler targets F16C); never with
+/// run time (GCC on x86-64); never with
 /// -DDISTOPT_NO_F16C. DISTOPT_HAS_F16C_PATH says whether this build has that path (1 or 0).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
     !defined(DISTOPT_NO_F16C)

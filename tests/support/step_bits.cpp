@@ -4,9 +4,10 @@
 // layer-wise) and prints a hash of the resulting params and states. Built three times: with
 // the function clones and the F16C conversions (the AVX-512 clone on a CPU that has it),
 // for AVX2 without clones, and for the x86-64 baseline (both with DISTOPT_NO_TARGET_CLONES
-// and DISTOPT_NO_F16C), so ctest can check that every machine path gives the same bits. All
+// and DISTOPT_NO_F16C), so ctest can check that every machine path gives the same bits. The
 // three are compiled with -ffp-contract=fast, as a user's GNU-mode build would be: the
-// clones must not contract.
+// clones must not contract. On a machine with AVX-512 a fourth program is built for
+// x86-64-v4 without clones, with the library's -ffp-contract=off.
 // `step-bits --path` prints which path the update loops take in this build on this CPU
 // (first word avx512, avx2 or baseline), so the test can tell when programs run the same one.
 

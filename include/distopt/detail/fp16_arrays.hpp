@@ -60,11 +60,12 @@ __attribute__((target("avx,f16c"))) inline void from_float(const float* in, fp16
 }  // namespace f16c
 #endif
 
-/// Whether fp16_to_float and float_to_fp16 below take the F16C path on this CPU.
+/// Whether fp16_to_float and float_to_fp16 below take the F16C path on this CPU. Asked of
+/// the CPU even where the compiler targets F16C: an inline function must do the same in
+/// every translation unit, whatever its flags, or the linker's pick could run F16C code on a
+/// CPU without it.
 inline bool f16c_path() noexcept {
-#if DISTOPT_HAS_F16C_PATH && defined(__F16C__)
-  return true;
-#elif DISTOPT_HAS_F16C_PATH
+#if DISTOPT_HAS_F16C_PATH
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");

@@ -24,8 +24,13 @@ namespace distopt {
 
 namespace detail {
 
-/// A fixed set of worker threads that run one job at a time, each worker taking a fixed
-/// contiguous slice of the items; the caller's thread takes the first slice.
+/// A fixed set of worker threads that run one job at a time. A job is n items: the
+/// caller's thread and the workers claim runs of `grain` consecutive items from a shared
+/// counter until none is left, and the caller returns once every item is done. It does not
+/// wait for a worker that has not started: when another program's threads hold the cores
+/// (a BLAS library's workers spin for a while after each call, as OpenBLAS's do), the caller
+/// does the items itself instead of waiting for the scheduler to run a worker. It waits only
+/// for a worker caught between joining the job and finding it closed (a few instructions).
 ///
 /// Waits spin for up to spin_time before they block: a step is a few jobs a few
 /// microseconds apart, and waking a thread blocked on a condition variable takes tens of
@@ -42,11 +47,14 @@ class thread_pool {
 
   int size() const noexcept { return n_; }
 
-  /// Runs job(t) for t in [0, size()) on the pool; rethrows the first exception.
-  void run(const std::function<void(int)>& job);
+  /// Calls f(begin, end) over runs of at most `grain` items that cover [0, n) once, on the
+  /// caller's thread and the workers; rethrows the first exception once all are done.
+  void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& f);
 
  private:
-  void work(int t);
+  void work();
+  /// Claims and runs runs of items of the open job until none is left.
+  void claim();
   /// Spins until ready() or spin_time has passed; returns ready().
   template <class Ready>
   static bool spin_until(Ready ready);
@@ -56,8 +64,13 @@ class thread_pool {
   std::mutex run_mutex_;
   std::mutex mutex_;
   std::condition_variable start_, done_;
-  const std::function<void(int)>* job_ = nullptr;
-  std::atomic<int> pending_{0};
+  // The open job: set under mutex_ before open_ is raised, read by the threads inside it.
+  const std::function<void(std::size_t, std::size_t)>* job_ = nullptr;
+  std::size_t items_ = 0, grain_ = 1;
+  std::atomic<std::size_t> next_{0};      ///< the first item not yet claimed
+  std::atomic<std::size_t> finished_{0};  ///< items done
+  std::atomic<bool> open_{false};         ///< a worker may join the job
+  std::atomic<int> inside_{0};            ///< workers that may still read the job
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
   std::exception_ptr error_;
@@ -79,7 +92,7 @@ bool thread_pool::spin_until(Ready ready) {
 
 #if DISTOPT_CORE_BODIES
 DISTOPT_CORE_FN thread_pool::thread_pool(int threads) : n_(threads) {
-  for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { work(t); });
+  for (int t = 1; t < n_; ++t) workers_.emplace_back([this] { work(); });
 }
 
 DISTOPT_CORE_FN thread_pool::~thread_pool() {
@@ -91,36 +104,63 @@ DISTOPT_CORE_FN thread_pool::~thread_pool() {
   for (auto& w : workers_) w.join();
 }
 
-DISTOPT_CORE_FN void thread_pool::run(const std::function<void(int)>& job) {
-  if (n_ == 1) return job(0);
+DISTOPT_CORE_FN void thread_pool::run(std::size_t n, std::size_t grain,
+                                      const std::function<void(std::size_t, std::size_t)>& f) {
+  if (n == 0) return;
+  if (n_ == 1) return f(0, n);
   std::lock_guard one_job(run_mutex_);  // copies of an executor share the pool
   {
     // Under the mutex, so that a worker about to block sees the new generation or is
     // woken by the notify below.
     std::lock_guard lock(mutex_);
-    job_ = &job;
+    job_ = &f;
+    items_ = n;
+    grain_ = std::max<std::size_t>(grain, 1);
     error_ = nullptr;
-    pending_.store(n_ - 1, std::memory_order_relaxed);
+    next_.store(0, std::memory_order_relaxed);
+    finished_.store(0, std::memory_order_relaxed);
+    open_.store(true);
     generation_.fetch_add(1, std::memory_order_release);
   }
   start_.notify_all();
-  std::exception_ptr mine;
-  try {
-    job(0);
-  } catch (...) {
-    mine = std::current_exception();
-  }
-  const auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  claim();
+  const auto done = [&] { return finished_.load(std::memory_order_acquire) == n; };
   if (!spin_until(done)) {
     std::unique_lock lock(mutex_);
     done_.wait(lock, done);
   }
+  // Every item is done; close the job and wait for the workers still inside it. They claim
+  // nothing more and leave at once. A worker that comes later sees the job closed: its
+  // increment of inside_ and this store are sequentially consistent.
+  open_.store(false);
+  const auto left = [&] { return inside_.load() == 0; };
+  while (!spin_until(left)) std::this_thread::yield();  // one preempted between two loads
+  std::lock_guard lock(mutex_);
   job_ = nullptr;
-  if (mine) std::rethrow_exception(mine);
   if (error_) std::rethrow_exception(error_);
 }
 
-DISTOPT_CORE_FN void thread_pool::work(int t) {
+DISTOPT_CORE_FN void thread_pool::claim() {
+  for (;;) {
+    const std::size_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+    if (begin >= items_) return;
+    const std::size_t end = std::min(begin + grain_, items_);
+    try {
+      (*job_)(begin, end);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    if (finished_.fetch_add(end - begin, std::memory_order_acq_rel) + (end - begin) == items_) {
+      // The caller checks finished_ under the mutex before it blocks: taking the mutex here
+      // makes sure it is either not yet checking or already waiting for this notify.
+      { std::lock_guard lock(mutex_); }
+      done_.notify_one();
+    }
+  }
+}
+
+DISTOPT_CORE_FN void thread_pool::work() {
   std::uint64_t seen = 0;
   const auto woken = [&] {
     return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
@@ -132,30 +172,17 @@ DISTOPT_CORE_FN void thread_pool::work(int t) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    std::exception_ptr err;
-    try {
-      (*job_)(t);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    if (err) {
-      std::lock_guard lock(mutex_);
-      if (!error_) error_ = err;
-    }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      // The caller checks pending_ under the mutex before it blocks: taking the mutex here
-      // makes sure it is either not yet checking or already waiting for this notify.
-      { std::lock_guard lock(mutex_); }
-      done_.notify_one();
-    }
+    inside_.fetch_add(1);
+    if (open_.load()) claim();
+    inside_.fetch_sub(1);
   }
 }
 #endif  // DISTOPT_CORE_BODIES
 
 }  // namespace detail
 
-/// The CPU executor: host memory, items split into contiguous slices over a fixed number of
-/// threads. Loops inside an item are plain contiguous loops the compiler vectorises.
+/// The CPU executor: host memory, items claimed in runs of consecutive items by a fixed
+/// number of threads. Loops inside an item are plain contiguous loops the compiler vectorises.
 class cpu {
  public:
   using executor_concept = executor_tag;
@@ -176,7 +203,9 @@ class cpu {
   }
   void deallocate_bytes(void* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
 
-  /// Calls f(i) once for each i in [0, n): thread t takes the t-th contiguous slice.
+  /// Calls f(i) once for each i in [0, n), over the pool's threads: each claims runs of
+  /// about n / (4 x threads) consecutive items until none is left (so a thread the OS does
+  /// not run in time leaves its share to the others).
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
     const auto threads = static_cast<std::size_t>(pool_->size());
@@ -185,9 +214,7 @@ class cpu {
       for (std::size_t i = 0; i < n; ++i) f(i);
       return;
     }
-    pool_->run([&](int t) {
-      const std::size_t begin = n * static_cast<std::size_t>(t) / threads;
-      const std::size_t end = n * (static_cast<std::size_t>(t) + 1) / threads;
+    pool_->run(n, n / (4 * threads), [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) f(i);
     });
   }
