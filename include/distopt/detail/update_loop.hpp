@@ -95,9 +95,10 @@ inline constexpr std::size_t fp16_chunk = 1024;
 /// Whether update_range stages its binary16 params or grads through float on the host: the
 /// F16C conversions of a chunk and the float loop take a fifth of the per-element
 /// conversions' time. Stochastic rounding writes bf16, never fp16.
+template <class Param, param_mode Mode>
+inline constexpr bool stages_fp16_param = std::is_same_v<Param, fp16> && Mode != param_mode::no_master_sr;
 template <class Param, class Grad, param_mode Mode>
-inline constexpr bool stages_fp16 =
-    (std::is_same_v<Param, fp16> && Mode != param_mode::no_master_sr) || std::is_same_v<Grad, fp16>;
+inline constexpr bool stages_fp16 = stages_fp16_param<Param, Mode> || std::is_same_v<Grad, fp16>;
 
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
@@ -109,7 +110,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& 
 /// nearest even, the same as the per-element ones, so the bits are update_range's.
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
 void update_range_staged(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a, std::size_t n) {
-  constexpr bool param16 = std::is_same_v<Param, fp16> && Mode != param_mode::no_master_sr;
+  constexpr bool param16 = stages_fp16_param<Param, Mode>;
   constexpr bool grad16 = std::is_same_v<Grad, fp16>;
   using P = std::conditional_t<param16, float, Param>;
   using G = std::conditional_t<grad16, float, Grad>;
@@ -201,20 +202,24 @@ template <class Grad>
 DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
                                                      std::size_t block) {
 #if DISTOPT_HAS_F16C_PATH
-  if constexpr (std::is_same_v<Grad, fp16>) {
-    // Each block converted to float first (same values), as update_range_staged does.
-    if (block <= fp16_chunk && f16c_path()) {
-      alignas(64) float buf[fp16_chunk];
-      for (std::size_t b = 0; b < n; b += block) {
-        const std::size_t m = n - b < block ? n - b : block;
+  // binary16 blocks are converted to float first (the same values), as update_range_staged does.
+  constexpr bool grad16 = std::is_same_v<Grad, fp16>;
+  alignas(64) float buf[grad16 ? fp16_chunk : 1];
+  const bool staged = grad16 && block <= fp16_chunk && f16c_path();
+#endif
+  for (std::size_t b = 0; b < n; b += block) {
+    const std::size_t m = n - b < block ? n - b : block;
+#if DISTOPT_HAS_F16C_PATH
+    if constexpr (grad16) {
+      if (staged) {
         fp16_to_float(g + b, buf, m);
         acc.add(sum_of_squares(buf, scale, m));
+        continue;
       }
-      return;
     }
-  }
 #endif
-  for (std::size_t b = 0; b < n; b += block) acc.add(sum_of_squares(g + b, scale, n - b < block ? n - b : block));
+    acc.add(sum_of_squares(g + b, scale, m));
+  }
 }
 
 }  // namespace distopt::detail
