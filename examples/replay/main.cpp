@@ -39,6 +39,9 @@ DISTOPT_REPLAY_NO_MPI(lion)
 DISTOPT_REPLAY_NO_MPI(lamb)
 DISTOPT_REPLAY_NO_MPI(adafactor)
 DISTOPT_REPLAY_NO_MPI(came)
+#ifdef DISTOPT_REPLAY_GALORE
+DISTOPT_REPLAY_NO_MPI(muon)
+#endif
 #undef DISTOPT_REPLAY_NO_MPI
 #endif
 // galore_adamw: no MPI mode (its projections run on every rank; threads show the same),
@@ -47,15 +50,20 @@ replay::result replay::run_galore_adamw_mpi(const trace&, const config&) {
   throw usage_error("--comm mpi: galore_adamw runs on one rank or with --ranks N (threads) in distopt-replay");
 }
 #ifndef DISTOPT_REPLAY_GALORE
-replay::result replay::run_galore_adamw_single(const trace&, const config&) {
-  throw usage_error("--optimizer galore_adamw: this distopt-replay was built without LAPACK (install liblapack-dev)");
-}
-replay::result replay::run_galore_adamw_threads(const trace& tr, const config& cfg) {
-  return run_galore_adamw_single(tr, cfg);
-}
-replay::result replay::run_galore_adamw_kokkos(const trace& tr, const config& cfg) {
-  return run_galore_adamw_single(tr, cfg);
-}
+// muon needs BLAS, galore_adamw LAPACK: both come with distopt::galore.
+#define DISTOPT_REPLAY_NO_BLAS(policy, mode)                                                             \
+  replay::result replay::run_##policy##_##mode(const trace&, const config&) {                            \
+    throw usage_error("--optimizer " #policy ": this distopt-replay was built without BLAS/LAPACK (install " \
+                      "libopenblas-dev liblapack-dev)");                                                  \
+  }
+DISTOPT_REPLAY_NO_BLAS(galore_adamw, single)
+DISTOPT_REPLAY_NO_BLAS(galore_adamw, threads)
+DISTOPT_REPLAY_NO_BLAS(galore_adamw, kokkos)
+DISTOPT_REPLAY_NO_BLAS(muon, single)
+DISTOPT_REPLAY_NO_BLAS(muon, threads)
+DISTOPT_REPLAY_NO_BLAS(muon, kokkos)
+DISTOPT_REPLAY_NO_BLAS(muon, mpi)
+#undef DISTOPT_REPLAY_NO_BLAS
 #endif
 #ifndef DISTOPT_REPLAY_KOKKOS
 // Built without Kokkos: --backend kokkos is refused.
@@ -73,6 +81,7 @@ DISTOPT_REPLAY_NO_KOKKOS(adafactor)
 DISTOPT_REPLAY_NO_KOKKOS(came)
 #ifdef DISTOPT_REPLAY_GALORE
 DISTOPT_REPLAY_NO_KOKKOS(galore_adamw)
+DISTOPT_REPLAY_NO_KOKKOS(muon)
 #endif
 #undef DISTOPT_REPLAY_NO_KOKKOS
 #endif
@@ -104,8 +113,10 @@ constexpr const char* usage_text =
     "output is the reassembled tensors.\n"
     "galore_adamw puts the 2-D tensors not named *.bias in a group with the GaLore keys\n"
     "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
-    "plain group, as tests/reference/galore_cases.txt describes.\n"
-    "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw (hyper-parameters by the\n"
+    "plain group, as tests/reference/galore_cases.txt describes. muon likewise puts them in\n"
+    "the Muon group and runs AdamW on the rest (--set betas=..., --set adamw_eps=...).\n"
+    "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw, muon (hyper-parameters\n"
+    "by the "
     "reference implementations' argument names, tuples as comma lists: --set betas=0.9,0.95,\n"
     "None for an unset optional: --set beta1=None)\n";
 
@@ -271,10 +282,11 @@ int main(int argc, char** argv) {
     DISTOPT_REPLAY_PICK(adafactor)
     DISTOPT_REPLAY_PICK(came)
     DISTOPT_REPLAY_PICK(galore_adamw)
+    DISTOPT_REPLAY_PICK(muon)
 #undef DISTOPT_REPLAY_PICK
     if (!run)
       throw replay::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw, lion, lamb, adafactor, came or galore_adamw)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw or muon)");
     replay::trace tr;
     try {
       tr = load_trace(io.trace);

@@ -128,13 +128,20 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   const auto h = hyper_of<Policy>(cfg);
   // galore_adamw: the GaLore group (group 1, with the rank) holds the matrices not named
   // *.bias; everything else is in a plain group (group 0), as in tests/reference.
+  // muon: likewise, the Muon group (group 1) holds the matrices not named *.bias, group 0
+  // runs AdamW on the rest (use_muon = false), as tests/reference/muon_cases.txt describes.
   std::vector<typename Policy::hyper_params> groups{h};
+  constexpr bool matrix_groups = distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
   if constexpr (distopt::projects_matrices<Policy>) {
     auto plain = h;
     plain.rank.reset();
     groups = {plain, h};
+  } else if constexpr (distopt::orthogonalizes_matrices<Policy>) {
+    auto plain = h;
+    plain.use_muon = false;
+    groups = {plain, h};
   }
-  rank_plan plan = plan_rank(tr, distopt::dtype_of<Param>, distopt::projects_matrices<Policy>, tp);
+  rank_plan plan = plan_rank(tr, distopt::dtype_of<Param>, matrix_groups, tp);
   const int rank = comm.rank();
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, Grad>> opt(
       std::move(plan.lay), groups, options_of(cfg), distopt::make_executor<Exec>(cfg.threads), std::move(comm));
@@ -282,8 +289,9 @@ result run_policy(const trace& tr, const config& cfg) {
       // Several ranks, and layer-wise policies (several passes, each instantiated per
       // number type): the (param, grad) pairs that training uses, to keep the build small.
       constexpr bool training_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
-      // GaLore (projected matrices) is built like the layer-wise policies: fp32 states.
-      constexpr bool layerwise = distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy>;
+      // GaLore (projected matrices) and Muon are built like the layer-wise policies: fp32 states.
+      constexpr bool layerwise = distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy> ||
+                                 distopt::orthogonalizes_matrices<Policy>;
       if constexpr ((!std::is_same_v<Mode, single_mode> || layerwise) && !training_pair) {
         throw usage_error(layerwise ? "--grad-dtype must be fp32 or equal --param-dtype for " + std::string(Policy::name)
                                     : std::string("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks"));

@@ -136,6 +136,16 @@ struct matrix_projector {
 template <class P>
 inline constexpr bool projects_matrices = !std::is_void_v<typename matrix_projector<P>::type>;
 
+/// Policies that update the tensors of some groups as whole matrices orthogonalised by
+/// Newton–Schulz (Muon) name their orthogonaliser type here; the policy's header
+/// (policy/muon.hpp) specialises it. `void`: no such groups.
+template <class P>
+struct matrix_orthogonalizer {
+  using type = void;
+};
+template <class P>
+inline constexpr bool orthogonalizes_matrices = !std::is_void_v<typename matrix_orthogonalizer<P>::type>;
+
 /// Whether state slot `k` of policy P never holds a negative value (a second moment), so
 /// that 8-bit states use the unsigned map for it. Policies say so with
 /// `static constexpr bool nonnegative_slot(int k)`; without it every slot is signed.

@@ -215,6 +215,9 @@ class optimizer {
   /// True for policies that update some tensors as whole matrices through a projection
   /// (GaLore: include distopt/policy/galore_adamw.hpp and link distopt::galore).
   static constexpr bool projects = projects_matrices<Policy>;
+  /// True for policies that update some tensors as whole matrices orthogonalised by
+  /// Newton–Schulz (Muon: include distopt/policy/muon.hpp and link distopt::muon).
+  static constexpr bool orthogonalizes = orthogonalizes_matrices<Policy>;
   /// True for policies whose step needs per-tensor, per-row or per-column statistics.
   static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
   static_assert(!is_layerwise || detail::engine_included<Policy, detail::layer_engine_tag>::value,
@@ -225,6 +228,12 @@ class optimizer {
   static_assert(!projects || detail::engine_included<Policy, detail::projection_engine_tag>::value,
                 "distopt::optimizer: a projecting policy needs #include <distopt/detail/projection_engine.hpp> "
                 "(policy/galore_adamw.hpp includes it)");
+  static_assert(!orthogonalizes || detail::engine_included<Policy, detail::muon_engine_tag>::value,
+                "distopt::optimizer: an orthogonalising policy needs #include <distopt/detail/muon_engine.hpp> "
+                "(policy/muon.hpp includes it)");
+  static_assert(!orthogonalizes || (host_memory<Exec> && !is_quantized && !is_layerwise && !projects),
+                "distopt::optimizer: Muon runs on executors of host memory (cpu, kokkos) with fp32 or bf16 "
+                "states (replicated or sharded); 8-bit Muon states and device executors are not built yet");
   static_assert(host_memory<Exec> || !projects,
                 "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
                 "on device memory (emulated_device) the element-wise and layer-wise policies run");
@@ -291,6 +300,7 @@ class optimizer {
     } else {
       for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
     }
+    if constexpr (orthogonalizes) ortho_.init(*this);
   }
 
   /// One hyper-parameter group for every tensor.
@@ -623,6 +633,7 @@ class optimizer {
     } else {
       for (int k = 0; k < slots_; ++k)
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
+      if constexpr (orthogonalizes) ortho_.add_memory(*this, r);
     }
     if (!gnorm_vec_.empty()) r.entries.push_back({"clip history", gnorm_vec_.size() * sizeof(gnorm_vec_[0])});
     r.entries.push_back({"padding", padding});
@@ -663,6 +674,8 @@ class optimizer {
   friend struct detail::layer_engine;
   template <class, class>
   friend struct detail::projection_engine;
+  template <class>
+  friend struct detail::muon_engine;
   template <class, class>
   friend struct detail::q8_engine;
 
@@ -889,6 +902,8 @@ class optimizer {
     if constexpr (projects) {
       u.matrix_index = proj_.matrix_index_.data();
       u.state_at = proj_.state_offset_.data() + b.first_piece;
+    } else if constexpr (orthogonalizes) {
+      u.matrix_index = ortho_.matrix_index_.data();
     }
     u.params = params_.data();
     u.grads = grads;
@@ -971,6 +986,9 @@ class optimizer {
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
       if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
+      if constexpr (orthogonalizes)
+        ortho_.template orthogonalize_bucket<Mode>(*this, sc, grads, std::is_same_v<G, float> && reduces_in_fp32(),
+                                                   grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         const auto run = [&]<int M>(std::integral_constant<int, M>) {
           if (std::find(active.begin(), active.end(), M) == active.end()) return;
@@ -1087,6 +1105,8 @@ class optimizer {
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
+  // Muon only (detail/muon_engine.hpp).
+  std::conditional_t<orthogonalizes, detail::muon_engine<Policy>, detail::no_engine> ortho_;
   // Layer-wise policies only (detail/layer_engine.hpp).
   std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type>, detail::no_engine> layer_;
 };

@@ -6,6 +6,7 @@
 ///   layer_engine       detail/layer_engine.hpp       (layer-wise policies: lamb.hpp, adafactor.hpp, came.hpp)
 ///   projection_engine  detail/projection_engine.hpp  (projecting policies: galore_adamw.hpp)
 ///   q8_engine          detail/q8_engine.hpp          (8-bit states: storage/q8.hpp)
+///   muon_engine        detail/muon_engine.hpp        (orthogonalising policies: muon.hpp)
 /// An optimizer that does not need a part holds a no_engine in its place and never parses
 /// or compiles it.
 
@@ -26,6 +27,10 @@ struct q8_engine;
 struct projection_engine_tag {};
 template <class Policy, class State>
 struct projection_engine;
+
+struct muon_engine_tag {};
+template <class Policy>
+struct muon_engine;
 
 /// True once the header defining the engine `Tag` is included (each one specialises it).
 template <class Policy, class Tag>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file The few BLAS/LAPACK routines GaLore needs (sgesdd_, dgesdd_, cblas_sgemm), declared
+/// \file The few BLAS/LAPACK routines GaLore and Muon need (sgesdd_, dgesdd_, cblas_sgemm), declared
 /// here rather than taken from <cblas.h>/<lapack.h>, whose spellings differ between vendors,
 /// and a thin SVD with torch.linalg.svd(A, full_matrices=False)'s meaning for row-major
 /// matrices. Declarations only: a program that uses them links a BLAS and a LAPACK
@@ -133,22 +133,23 @@ inline int lapack_dim(std::int64_t v, const char* routine, const char* what) {
   return static_cast<int>(v);
 }
 
-/// C = op(A) * op(B) (alpha 1, beta 0), row-major, through cblas_sgemm on one BLAS thread.
-/// op(A) is m x k, op(B) is k x n; lda/ldb are the row strides of A and B as stored.
+/// C = alpha op(A) op(B) + beta C (C is read only when beta != 0), row-major, through
+/// cblas_sgemm on one BLAS thread. op(A) is m x k, op(B) is k x n; lda/ldb are the row
+/// strides of A and B as stored, C's is n.
 inline void sgemm_row_major(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
                             std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                            std::int64_t ldb, float* c) {
+                            std::int64_t ldb, float* c, float alpha = 1.0f, float beta = 0.0f) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    std::fill(c, c + m * n, 0.0f);
+    for (std::int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
     return;
   }
   const blas_single_thread one_thread;
   distopt_cblas_sgemm(cblas_row_major, trans_a ? cblas_trans : cblas_no_trans,
                       trans_b ? cblas_trans : cblas_no_trans, lapack_dim(m, "cblas_sgemm", "m"),
-                      lapack_dim(n, "cblas_sgemm", "n"), lapack_dim(k, "cblas_sgemm", "k"), 1.0f, a,
+                      lapack_dim(n, "cblas_sgemm", "n"), lapack_dim(k, "cblas_sgemm", "k"), alpha, a,
                       lapack_dim(lda, "cblas_sgemm", "lda"), b,
-                      lapack_dim(ldb, "cblas_sgemm", "ldb"), 0.0f, c,
+                      lapack_dim(ldb, "cblas_sgemm", "ldb"), beta, c,
                       lapack_dim(n, "cblas_sgemm", "ldc"));
 }
 

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The orthogonalisation engine of distopt::optimizer (Muon): the matrices of the
+/// groups a policy orthogonalises. policy/muon.hpp includes it; other optimizers never
+/// parse it.
+///
+/// The momentum buffer is an ordinary element state (slot 0): sharded like any state,
+/// checkpointed and resharded like one. Per bucket holding such matrices, each rank
+///   1. updates the momentum of its own elements and writes the matrix NS takes (the
+///      Nesterov blend) into an fp32 bucket stage, at the elements' places in the bucket;
+///   2. all-gathers the stage over the data-parallel ranks (sharded storage): the same
+///      bytes as GaLore's gather of the reduced grads, (d-1)/d of the bucket in fp32;
+///   3. for every matrix it holds part of, runs Newton–Schulz on the whole matrix (every
+///      holder computes the same bits, for any d and thread count) and applies the
+///      orthogonalised update to its own elements.
+/// The other tensors (a policy's AdamW groups) take the element update phase as usual.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../layout/registry.hpp"
+#include "../memory_report.hpp"
+#include "../types/rounding.hpp"
+#include "engines.hpp"
+#include "shard_plan.hpp"
+#include "update_loop.hpp"
+
+namespace distopt::detail {
+
+template <class Policy>
+struct muon_engine {
+  using orthogonalizer_type = typename matrix_orthogonalizer<Policy>::type;
+
+  /// Refuses what the engine cannot run: a non-matrix in an orthogonalised group (as
+  /// torch.optim.Muon does), a TP-split matrix (NS needs it whole), and marks the matrices.
+  template <class Opt>
+  void init(Opt& o) {
+    const auto tensors = o.layout_.tensors();
+    matrix_index_.assign(tensors.size(), -1);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      if (!Policy::orthogonalizes(o.groups_[static_cast<std::size_t>(t.group)])) continue;
+      if (t.shape.size() != 2)
+        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name + "' is " +
+                                    std::to_string(t.shape.size()) +
+                                    "-D, in a Muon group: Muon only updates matrices (put it in a group with "
+                                    "use_muon = false, which runs AdamW)");
+      if (t.tp != tp_split::none)
+        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
+                                    "' is split over tensor-parallel ranks; Newton-Schulz needs the whole "
+                                    "matrix (TP-split Muon matrices are not supported yet)");
+      matrix_index_[i] = static_cast<int>(matrices_++);
+      const std::int64_t m = t.shape[0], n = t.shape[1];
+      if (!o.plan_.pieces_of(i).empty())
+        work_bytes_ = std::max(work_bytes_, orthogonalizer_type::work_bytes(m, n) +
+                                                static_cast<std::size_t>(m * n) * sizeof(float));
+    }
+    for (const auto& b : o.plan_.buckets())
+      if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, b.padded());
+  }
+
+  /// Memory report: the fp32 bucket stage and the largest matrix's NS work and update.
+  template <class Opt>
+  void add_memory(const Opt&, memory_report& r) const {
+    r.entries.push_back({"orthogonalization stage", stage_elems_ * sizeof(float)});
+    r.entries.push_back({"orthogonalization work", work_bytes_});
+  }
+
+  bool has_matrix(const shard_bucket& b) const {
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i)
+      if (matrix_index_[i] >= 0) return true;
+    return false;
+  }
+
+  /// The orthogonalised matrices of bucket `b`; `grads` as the element phase reads them
+  /// (buffer index, or local index when `grads_local`).
+  template <param_mode Mode, class Opt, class G>
+  void orthogonalize_bucket(Opt& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
+                            float grad_scale, std::uint64_t key, const shard_bucket& b) {
+    if (!has_matrix(b)) return;  // the same answer on every rank: the collective below matches
+    const auto tensors = o.layout_.tensors();
+    const auto& pieces = o.plan_.pieces();
+    stage_.assign(b.padded(), 0.0f);
+    // 1. Momentum of this rank's elements, and the matrix NS takes, into the stage.
+    auto* buf = o.states_[0].data();  // fp32 or bf16 momentum
+    for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
+      const shard_piece& pc = pieces[c];
+      if (matrix_index_[pc.tensor] < 0) continue;
+      const auto& s = sc[static_cast<std::size_t>(pc.group)];
+      const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[pc.tensor];
+      const G* g = grads + (grads_local ? pc.local : pc.buffer);
+      auto* st = buf + pc.local;
+      float* out = stage_.data() + (pc.buffer - b.buffer_begin);
+      for (std::size_t e = 0; e < pc.count; ++e) {
+        float m = to_float(st[e]);
+        out[e] = Policy::momentum(s, to_float(g[e]) * scale, m);
+        st[e] = from_float<std::remove_cvref_t<decltype(st[e])>>(m);
+      }
+    }
+    // 2. Every rank's part of the bucket.
+    if (Opt::is_sharded && o.comm_.size() > 1)
+      o.comm_.all_gather(std::span<const float>(stage_.data() + o.plan_.rank() * b.shard_elems, b.shard_elems),
+                         std::span<float>(stage_.data(), b.padded()));
+    // 3. NS of each matrix this rank holds part of, applied to its elements.
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
+      const piece_range mine = o.plan_.pieces_of(i);
+      if (matrix_index_[i] < 0 || mine.empty()) continue;
+      const tensor_slot& t = tensors[i];
+      const auto& h = o.groups_[static_cast<std::size_t>(t.group)];
+      const auto& s = sc[static_cast<std::size_t>(t.group)];
+      update_.resize(t.numel);
+      ortho_.run(h, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin), t.shape[0], t.shape[1],
+                 update_.data());
+      const float neg_lr = static_cast<float>(-Policy::adjusted_lr(h, t.shape[0], t.shape[1]));
+      for (std::size_t c = mine.first; c < mine.end; ++c) {
+        const shard_piece& pc = pieces[c];
+        const float* u = update_.data() + (pc.layout - t.offset);
+        typename Opt::param_type* p = o.params_.data() + pc.buffer;
+        float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
+        for (std::size_t e = 0; e < pc.count; ++e) {
+          float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
+          Policy::apply(s, value, u[e], neg_lr);
+          store_param<Mode>(p, m, e, value, key, pc.layout);
+        }
+      }
+    }
+  }
+
+  std::vector<int> matrix_index_;  // per tensor: >= 0 for an orthogonalised matrix, else -1
+  std::size_t matrices_ = 0;
+  std::size_t stage_elems_ = 0, work_bytes_ = 0;  // for the memory report
+  std::vector<float> stage_;   // one bucket: the matrices NS takes
+  std::vector<float> update_;  // one matrix's orthogonalised update
+  orthogonalizer_type ortho_;
+};
+
+/// Marks the engine as included (optimizer.hpp checks it with a clear message).
+template <class Policy>
+struct engine_included<Policy, muon_engine_tag> : std::true_type {};
+
+}  // namespace distopt::detail
