@@ -89,6 +89,7 @@ history train_lamb(const config&);
 history train_adafactor(const config&);
 history train_came(const config&);
 history train_galore_adamw(const config&);
+history train_muon(const config&);
 
 /// Fails early (usage_error naming the package) when gnuplot is not on PATH.
 void require_gnuplot();

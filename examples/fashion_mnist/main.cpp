@@ -34,7 +34,7 @@ namespace {
 constexpr int max_ranks = 256;
 
 constexpr const char* usage_text =
-    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came|galore_adamw]\n"
+    "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came|galore_adamw|muon]\n"
     "                             [--set KEY=VALUE]...\n"
     "                             [--epochs N] [--batch-size N] [--hidden W1,W2,...]\n"
     "                             [--param-dtype fp32|bf16] [--state fp32|q8]\n"
@@ -53,7 +53,10 @@ constexpr const char* usage_text =
     "                  came-pytorch's) except sgd: lr=0.05 momentum=0.9; lamb: lr=1e-2\n"
     "                  weight_decay=0.01; came: lr=1e-3; galore_adamw: rank=128\n"
     "                  update_proj_gap=200 scale=0.25 on the hidden layers' weights (the\n"
-    "                  output layer and biases unprojected). Biases get weight_decay=0.\n"
+    "                  output layer and biases unprojected); muon: Muon on the hidden layers'\n"
+    "                  weights, AdamW on the output layer and biases, with adjust_lr_fn=\n"
+    "                  match_rms_adamw (one lr for both, Moonlight's recipe; torch's default\n"
+    "                  lr=1e-3, weight_decay=0.1). Biases get weight_decay=0.\n"
     "  --epochs        default 10             --batch-size  default 128\n"
     "  --hidden        hidden widths, default 512,256\n"
     "  --param-dtype   fp32 (default) or bf16 with fp32 master weights\n"
@@ -266,9 +269,15 @@ int main(int argc, char** argv) {
 #else
       throw fmnist::usage_error("--optimizer galore_adamw: this distopt-fashion-mnist was built without LAPACK");
 #endif
+    } else if (cfg.optimizer == "muon") {
+#ifdef DISTOPT_FASHION_MNIST_GALORE
+      train = fmnist::train_muon;
+#else
+      throw fmnist::usage_error("--optimizer muon: this distopt-fashion-mnist was built without BLAS/LAPACK");
+#endif
     } else
       throw fmnist::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
-                                "' (sgd, adam, adamw, lion, lamb, adafactor, came or galore_adamw)");
+                                "' (sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw or muon)");
 
     int ranks = std::max(cfg.ranks, 1), ranks_here = ranks * cfg.tp;
 #ifdef DISTOPT_FASHION_MNIST_MPI

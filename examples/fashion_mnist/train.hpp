@@ -64,7 +64,25 @@ void apply_example_defaults(typename Policy::hyper_params& h) {
     h.rank = 128;
     h.update_proj_gap = 200;
     h.scale = 0.25;
+  } else if constexpr (distopt::orthogonalizes_matrices<Policy>) {
+    // Moonlight's recipe ("Muon is Scalable for LLM Training"): the update's RMS matched to
+    // AdamW's, so that the hidden layers' Muon and the other tensors' AdamW share AdamW's lr
+    // (1e-3 here) and weight decay (0.1).
+    h.adjust_lr_fn = decltype(h.adjust_lr_fn)::match_rms_adamw;
   }
+}
+
+/// Whether the policy keeps some matrices in groups of their own (GaLore's projected ones,
+/// Muon's orthogonalised ones): the output layer's weight then goes to a third group.
+template <class Policy>
+inline constexpr bool has_matrix_groups =
+    distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
+
+/// The group's hyper-parameters without the matrix treatment (no rank; AdamW, not Muon).
+template <class Policy>
+void drop_matrix_treatment(typename Policy::hyper_params& h) {
+  if constexpr (distopt::projects_matrices<Policy>) h.rank.reset();
+  if constexpr (distopt::orthogonalizes_matrices<Policy>) h.use_muon = false;
 }
 
 /// The hyper-parameters of the weights: example defaults, then every --set in order.
@@ -101,14 +119,15 @@ struct prepared {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> log{nullptr, &std::fclose};  // the writer's --log
 };
 
-/// The hyper-parameter groups: 0 weights, 1 biases (no weight decay); for GaLore also 2,
-/// the output layer's weight, with weight decay but no projection.
+/// The hyper-parameter groups: 0 weights, 1 biases (no weight decay); for GaLore and Muon
+/// also 2, the output layer's weight, with weight decay but no projection (GaLore) or with
+/// AdamW (Muon).
 template <class Policy>
 std::vector<typename Policy::hyper_params> groups_of(const prepared<Policy>& in) {
   std::vector<typename Policy::hyper_params> g{in.decay, in.no_decay};
-  if constexpr (distopt::projects_matrices<Policy>) {
+  if constexpr (has_matrix_groups<Policy>) {
     g.push_back(in.decay);
-    g.back().rank.reset();
+    drop_matrix_treatment<Policy>(g.back());
   }
   return g;
 }
@@ -122,7 +141,7 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
   p.decay = hyper_from<Policy>(cfg);
   p.no_decay = p.decay;  // group 1: biases, without weight decay as usual in PyTorch recipes
   p.no_decay.weight_decay = 0.0;
-  if constexpr (distopt::projects_matrices<Policy>) p.no_decay.rank.reset();  // biases: not projected
+  drop_matrix_treatment<Policy>(p.no_decay);  // biases: not projected (GaLore), AdamW (Muon)
   p.data = load_dataset(cfg);
   if (writer && !cfg.log_path.empty()) {
     p.log.reset(std::fopen(cfg.log_path.c_str(), "w"));
@@ -182,9 +201,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1, distopt::tp_split::none);
       splits.insert(splits.end(), {distopt::tp_split::cols, distopt::tp_split::none});
     } else {
-      // GaLore: the output layer's weight (10 rows) in group 2, with weight decay but no rank.
+      // GaLore, Muon: the output layer's weight (10 rows) in group 2, with weight decay but
+      // no rank (GaLore), or with AdamW (Muon).
       tensors.add(fc + ".weight", {m, k}, distopt::dtype_of<Param>,
-                  distopt::projects_matrices<Policy> && l == layer_count - 1 ? 2 : 0);
+                  has_matrix_groups<Policy> && l == layer_count - 1 ? 2 : 0);
       tensors.add(fc + ".bias", {m}, distopt::dtype_of<Param>, 1);
       splits.insert(splits.end(), {distopt::tp_split::none, distopt::tp_split::none});
     }
@@ -504,7 +524,7 @@ history train_encoded(const config& cfg) {
 template <class Policy>
 history train_policy(const config& cfg) {
   if (cfg.state == "q8") {
-    if constexpr (distopt::policy_is_layerwise<Policy>)
+    if constexpr (distopt::policy_is_layerwise<Policy> || distopt::orthogonalizes_matrices<Policy>)
       throw usage_error("--state q8: 8-bit states are for element-wise policies (sgd, adam, adamw, lion) and "
                         "galore_adamw, not " + std::string(Policy::name));
     else return train_encoded<Policy, distopt::q8>(cfg);

@@ -134,24 +134,53 @@ inline int lapack_dim(std::int64_t v, const char* routine, const char* what) {
 }
 
 /// C = alpha op(A) op(B) + beta C (C is read only when beta != 0), row-major, through
-/// cblas_sgemm on one BLAS thread. op(A) is m x k, op(B) is k x n; lda/ldb are the row
-/// strides of A and B as stored, C's is n.
-inline void sgemm_row_major(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-                            std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                            std::int64_t ldb, float* c, float alpha = 1.0f, float beta = 0.0f) {
+/// cblas_sgemm on whatever BLAS threads the caller has set (see sgemm_row_major). op(A) is
+/// m x k, op(B) is k x n; lda/ldb/ldc are the row strides of A, B and C as stored.
+inline void sgemm_as_set(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                         const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                         std::int64_t ldc, float alpha = 1.0f, float beta = 0.0f) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    for (std::int64_t i = 0; i < m * n; ++i) c[i] = beta == 0.0f ? 0.0f : beta * c[i];
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  const blas_single_thread one_thread;
   distopt_cblas_sgemm(cblas_row_major, trans_a ? cblas_trans : cblas_no_trans,
                       trans_b ? cblas_trans : cblas_no_trans, lapack_dim(m, "cblas_sgemm", "m"),
                       lapack_dim(n, "cblas_sgemm", "n"), lapack_dim(k, "cblas_sgemm", "k"), alpha, a,
                       lapack_dim(lda, "cblas_sgemm", "lda"), b,
                       lapack_dim(ldb, "cblas_sgemm", "ldb"), beta, c,
-                      lapack_dim(n, "cblas_sgemm", "ldc"));
+                      lapack_dim(ldc, "cblas_sgemm", "ldc"));
 }
+
+/// sgemm_as_set on one BLAS thread (blas_single_thread).
+inline void sgemm_row_major(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                            const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c,
+                            float alpha = 1.0f, float beta = 0.0f) {
+  const blas_single_thread one_thread;
+  sgemm_as_set(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, n, alpha, beta);
+}
+
+/// A worker thread of a parallel region whose caller holds a blas_single_thread, calling
+/// sgemm_as_set: with OpenBLAS's per-thread control (>= 0.3.27) it pins this thread to one
+/// BLAS thread as well; with the process-wide setting the caller's guard has already done
+/// so (and holds the mutex, so this must not take it), and it does nothing.
+class blas_worker_thread {
+ public:
+  blas_worker_thread() {
+    const auto& api = openblas_thread_api::instance();
+    if (api.set_local != nullptr) previous_ = api.set_local(1), local_ = true;
+  }
+  ~blas_worker_thread() {
+    if (local_) openblas_thread_api::instance().set_local(previous_);
+  }
+  blas_worker_thread(const blas_worker_thread&) = delete;
+  blas_worker_thread& operator=(const blas_worker_thread&) = delete;
+
+ private:
+  bool local_ = false;
+  int previous_ = 1;
+};
 
 /// A thin SVD A = U diag(S) Vh of a row-major m x n matrix, k = min(m, n):
 /// U is m x k, S has k values in descending order, Vh is k x n, all row-major.

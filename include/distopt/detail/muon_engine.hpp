@@ -118,7 +118,7 @@ struct muon_engine {
       const auto& s = sc[static_cast<std::size_t>(t.group)];
       update_.resize(t.numel);
       ortho_.run(h, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin), t.shape[0], t.shape[1],
-                 update_.data());
+                 update_.data(), [&o](std::size_t count, const auto& f) { o.exec_.parallel_for(count, f); });
       const float neg_lr = static_cast<float>(-Policy::adjusted_lr(h, t.shape[0], t.shape[1]));
       for (std::size_t c = mine.first; c < mine.end; ++c) {
         const shard_piece& pc = pieces[c];
