@@ -318,8 +318,8 @@ struct checkpoint_party {
   std::function<distopt::detail::checkpoint_scalars()> scalars;
   std::function<std::vector<distopt::detail::checkpoint_item>()> items;
   std::function<void(const std::map<std::string, std::string, std::less<>>&)> restore;
-  /// Throws if `text` is not a hyper-parameter group this optimizer can restore.
-  std::function<void(const std::string&)> check_group;
+  /// Throws if `text` is not a hyper-parameter group this optimizer can restore as group `g`.
+  std::function<void(int g, const std::string& text)> check_group;
 };
 
 /// The largest `value` of any rank.
@@ -694,7 +694,12 @@ struct checkpoint_access {
     p.scalars = [&o] { return checkpoint_scalars(o); };
     p.items = [&o] { return items(o); };
     p.restore = [&o](const std::map<std::string, std::string, std::less<>>& state) { restore_checkpoint(o, state); };
-    p.check_group = [](const std::string& text) { (void)parse_checkpoint_group<Opt>(text); };
+    p.check_group = [&o](int g, const std::string& text) {
+      const auto h = parse_checkpoint_group<Opt>(text);
+      if constexpr (Opt::orthogonalizes) o.ortho_.check_hyper(o, g, h);
+      (void)o;
+      (void)g;
+    };
     return p;
   }
 };
@@ -827,7 +832,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
       const auto it = index.state.find(k);
       if (it == index.state.end()) detail::fail(index_path, "records no " + k);
       try {
-        if (k.starts_with("group ")) party.check_group(it->second);
+        if (k.starts_with("group ")) party.check_group(std::stoi(k.substr(6)), it->second);
         else if (k == "state_started") {
           if (it->second.size() != v.size() || it->second.find_first_not_of("01") != std::string::npos)
             throw std::invalid_argument("expected " + std::to_string(v.size()) + " digits 0 or 1");

@@ -439,6 +439,7 @@ class optimizer {
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": these hyper-parameters need more state than was allocated");
     if constexpr (is_layerwise) layer_.check_hyper(*this, check_group(g), h);
+    if constexpr (orthogonalizes) ortho_.check_hyper(*this, check_group(g), h);
     groups_.at(check_group(g)) = std::move(h);
   }
   /// Number of hyper-parameter groups.

@@ -23,7 +23,8 @@ namespace {
 
 /// Matrices in the Muon group (1: tall, wide, square), a bias and a vector in the AdamW
 /// group (0); tensors straddle shard cuts, and with `bucket` small there are several buckets.
-layout make_layout(dtype t) {
+/// `big` adds a 150 x 260 matrix, whose Newton-Schulz products span several 128 x 128 tiles.
+layout make_layout(dtype t, bool big = false) {
   layout l;
   l.add("w0", {40, 30}, t, 1);
   l.add("b0", {30}, t, 0);
@@ -31,6 +32,7 @@ layout make_layout(dtype t) {
   l.add("norm", {700}, t, 0);
   l.add("w2", {16, 64}, t, 1);
   l.add("w3", {9, 9}, t, 1);
+  if (big) l.add("w4", {150, 260}, t, 1);
   return l;
 }
 
@@ -135,9 +137,10 @@ std::vector<double> random_matrix(std::int64_t m, std::int64_t n, int seed) {
 }
 
 template <class Prec, class Enc = fp32>
-harness::outcome run_single(const std::vector<muon::hyper_params>& h, int threads, int steps = 20) {
-  const layout l = make_layout(dtype_of<typename Prec::param_type>);
-  optimizer<muon, replicated<Enc>, single, cpu, Prec> opt(l, h, {}, cpu(threads));
+harness::outcome run_single(const std::vector<muon::hyper_params>& h, int threads, int steps = 20, bool big = false,
+                            optimizer_options o = {}) {
+  const layout l = make_layout(dtype_of<typename Prec::param_type>, big);
+  optimizer<muon, replicated<Enc>, single, cpu, Prec> opt(l, h, o, cpu(threads));
   harness::outcome r = harness::blank<decltype(opt)>(l, 2);
   harness::run_options ro;
   ro.steps = steps;
@@ -147,16 +150,16 @@ harness::outcome run_single(const std::vector<muon::hyper_params>& h, int thread
 }
 
 template <class Prec, class Enc = fp32>
-harness::outcome run_ranks_(int d, const std::vector<muon::hyper_params>& h, std::size_t bucket) {
+harness::outcome run_ranks_(int d, const std::vector<muon::hyper_params>& h, std::size_t bucket, bool big = false,
+                            optimizer_options o = {}, int threads_per_rank = 1) {
   using opt_t = optimizer<muon, sharded<Enc>, threads, cpu, Prec>;
-  const layout l = make_layout(dtype_of<typename Prec::param_type>);
+  const layout l = make_layout(dtype_of<typename Prec::param_type>, big);
   harness::outcome r = harness::blank<opt_t>(l, 2);
-  optimizer_options o;
   o.grad_reduce = reduce_op::sum;
   o.bucket_elems = bucket;
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, h, o, cpu(1), std::move(comm));
+    opt_t opt(l, h, o, cpu(threads_per_rank), std::move(comm));
     harness::drive(opt, rank, {}, rank == 0 ? &r : nullptr);
     harness::collect(opt, rank, r);
   });
@@ -172,7 +175,9 @@ BOOST_AUTO_TEST_CASE(newton_schulz_against_float64) {
   // the largest entry is the bound; it comes out near 1e-6.
   muon::hyper_params h;
   double worst32 = 0, worst16 = 0;
-  for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{40, 30}, {17, 33}, {9, 9}, {1, 64}, {64, 1}}) {
+  // The last four span several 128 x 128 tiles (and one tile row or column).
+  for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{40, 30}, {17, 33}, {9, 9}, {1, 64}, {64, 1}, {300, 200},
+                      {129, 257}, {1, 300}, {300, 1}}) {
     const auto u = random_matrix(m, n, static_cast<int>(m * n));
     const auto want = ns_double(u, m, n, h);
     std::vector<float> uf(u.begin(), u.end()), got(u.size());
@@ -196,6 +201,21 @@ BOOST_AUTO_TEST_CASE(newton_schulz_against_float64) {
     BOOST_TEST(err > 1e-5 * big, "bf16 NS must round (" << err << ")");
   }
   BOOST_TEST_MESSAGE("NS relative error: fp32 " << worst32 << ", bf16 " << worst16);
+  // The tiles may run on any threads: the bits are those of one thread, tile after tile.
+  cpu four(4);
+  for (auto [m, n] : {std::pair<std::int64_t, std::int64_t>{300, 200}, {129, 257}, {260, 150}}) {
+    const auto u = random_matrix(m, n, 5);
+    std::vector<float> uf(u.begin(), u.end()), one(u.size()), par(u.size());
+    for (auto ns : {muon_ns_dtype::fp32, muon_ns_dtype::bf16}) {
+      auto hh = h;
+      hh.ns_dtype = ns;
+      muon_newton_schulz().run(hh, uf.data(), m, n, one.data());
+      muon_newton_schulz().run(hh, uf.data(), m, n, par.data(),
+                               [&](std::size_t count, const auto& f) { four.parallel_for(count, f); });
+      BOOST_TEST(std::memcmp(one.data(), par.data(), one.size() * sizeof(float)) == 0,
+                 m << " x " << n << ", " << muon_ns_dtype_name(ns) << ": 4 threads");
+    }
+  }
   // Orthogonalisation: a 1 x n matrix maps to about u / |u| times NS's scalar polynomial.
   const auto u = random_matrix(1, 64, 3);
   std::vector<float> uf(u.begin(), u.end()), got(u.size());
@@ -238,6 +258,28 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
       BOOST_TEST((run_ranks_<precision<float>>(d, h, std::size_t{1} << 22) == one), "d = " << d);
     BOOST_TEST((run_ranks_<precision<float>>(3, h, 512) == one), "buckets of 512");
   }
+  // A matrix of several tiles, its Newton-Schulz over 1 or 3 threads, on 1 to 3 ranks.
+  {
+    const auto h = groups();
+    const harness::outcome one = run_single<precision<float>>(h, 1, 20, true);
+    BOOST_TEST((run_single<precision<float>>(h, 3, 20, true) == one), "big, 3 threads");
+    for (int d : {2, 3})
+      BOOST_TEST((run_ranks_<precision<float>>(d, h, 4096, true, {}, 2) == one), "big, d = " << d << ", 2 threads each");
+  }
+  // bf16 grads reduced in fp32 (the momentum reads the fp32 shard, by local index), and
+  // percentile clipping (each tensor's scale).
+  {
+    const auto h = groups();
+    optimizer_options o;
+    o.grad_reduce_in_fp32 = true;
+    const harness::outcome one = run_single<precision<bf16, bf16>>(h, 1, 20, false, o);
+    for (int d : {2, 5}) BOOST_TEST((run_ranks_<precision<bf16, bf16>>(d, h, 512, false, o) == one), "fp32 reduce, d = " << d);
+    optimizer_options p;
+    p.percentile_clipping = 50;
+    const harness::outcome clipped = run_single<precision<float>>(h, 1, 20, false, p);
+    BOOST_TEST(!(clipped == run_single<precision<float>>(h, 1)), "clipping changes the run");
+    for (int d : {3, 8}) BOOST_TEST((run_ranks_<precision<float>>(d, h, 512, false, p) == clipped), "percentile, d = " << d);
+  }
   // bf16 params with fp32 master weights, and bf16 states.
   const auto h = groups();
   const harness::outcome one = run_single<precision<bf16>>(h, 1);
@@ -247,15 +289,36 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
   for (int d : {3, 7}) BOOST_TEST((run_ranks_<precision<float>, bf16>(d, h, 512) == s16), "bf16 states, d = " << d);
 }
 
-BOOST_AUTO_TEST_CASE(momentum_is_an_element_state) {
-  // One step with grad G: the momentum buffer is (1 - momentum) G, the AdamW states as AdamW's.
-  const layout l = make_layout(dtype::f32);
+BOOST_AUTO_TEST_CASE(momentum_and_adamw_states_are_element_states) {
+  // Two steps, torch's operation order in float: buf = lerp(buf, g, 0.05) (w < 0.5: buf +
+  // w (g - buf)); AdamW's exp_avg = m + 0.1 (g - m), exp_avg_sq = v * 0.999 + (0.001 g) g.
   const auto h = groups();
-  const harness::outcome one = run_single<precision<float>>(h, 1, 1);
-  std::vector<float> buf(1200);
-  std::memcpy(buf.data(), one.states[0][0].data(), buf.size() * sizeof(float));
-  for (std::size_t i = 0; i < buf.size(); i += 97)
-    BOOST_TEST(buf[i] == 0.0f + 0.05f * (harness::grad_value(0, 0, i) - 0.0f));
+  const harness::outcome two = run_single<precision<float>>(h, 1, 2);
+  const auto values = [&](std::size_t k, std::size_t t) {
+    std::vector<float> v(two.states[k][t].size() / sizeof(float));
+    std::memcpy(v.data(), two.states[k][t].data(), v.size() * sizeof(float));
+    return v;
+  };
+  const float w = static_cast<float>(1.0 - 0.95), w1 = static_cast<float>(1.0 - 0.9);
+  const float b2 = 0.999f, one_minus_b2 = static_cast<float>(1.0 - 0.999);
+  const auto buf = values(0, 0);  // w0, Muon
+  for (std::size_t i = 0; i < buf.size(); i += 37) {
+    float b = 0.0f;
+    for (int s = 0; s < 2; ++s) b = b + w * (harness::grad_value(s, 0, i) - b);
+    BOOST_TEST(buf[i] == b, "w0[" << i << "]");
+  }
+  BOOST_TEST(values(1, 0) == std::vector<float>(buf.size(), 0.0f), "no second slot used for a Muon matrix");
+  const auto m = values(0, 1), v = values(1, 1);  // b0, AdamW
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    float em = 0.0f, ev = 0.0f;
+    for (int s = 0; s < 2; ++s) {
+      const float g = harness::grad_value(s, 1, i);
+      em = em + w1 * (g - em);
+      ev = ev * b2 + (one_minus_b2 * g) * g;
+    }
+    BOOST_TEST(m[i] == em, "b0 exp_avg[" << i << "]");
+    BOOST_TEST(v[i] == ev, "b0 exp_avg_sq[" << i << "]");
+  }
 }
 
 BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_stage_of_muon_buckets) {
@@ -299,7 +362,9 @@ BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   // AdamW groups use two slots, so two state buffers of every element; the stage holds the
   // one bucket, the work the largest matrix's NS buffers (w0: two 30 x 40, two 30 x 30) and
   // its update.
-  BOOST_TEST(opt.memory().bytes("orthogonalization stage") >= l.numel() * sizeof(float));
+  const auto plan = detail::shard_plan(l, 1, 0, std::size_t{1} << 22, 1u << 14);
+  BOOST_TEST(plan.buckets().size() == 1u);
+  BOOST_TEST(opt.memory().bytes("orthogonalization stage") == plan.buckets()[0].padded() * sizeof(float));
   BOOST_TEST(opt.memory().bytes("orthogonalization work") == (2 * 30 * 40 + 2 * 30 * 30 + 40 * 30) * sizeof(float));
   // A vector in a Muon group, as torch.optim.Muon refuses it.
   layout bad;
@@ -319,6 +384,17 @@ BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   h.ns_steps = 5;
   h.momentum = 1.0;
   BOOST_CHECK_THROW(h.validate(), invalid_hyper_parameter);
+  // set_hyper cannot move a group into or out of Muon (its tensors' slots are fixed).
+  optimizer<muon> two(l, groups());
+  auto g0 = two.hyper(0);
+  g0.use_muon = true;
+  BOOST_CHECK_EXCEPTION(two.set_hyper(0, g0), std::invalid_argument, [](const auto& e) {
+    return std::string(e.what()).find("group 0 is not a Muon group; use_muon cannot change") != std::string::npos;
+  });
+  auto g1 = two.hyper(1);
+  g1.lr = 0.5;
+  two.set_hyper(1, g1);  // other keys may change
+  BOOST_TEST(two.hyper(1).lr == 0.5);
   // The text form reads back.
   auto g = groups(false, muon_adjust_lr::match_rms_adamw, muon_ns_dtype::bf16)[1];
   muon::hyper_params back;

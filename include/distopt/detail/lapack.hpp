@@ -64,11 +64,19 @@ inline constexpr int cblas_trans = 112;
 /// OpenBLAS's thread controls, looked up at run time (null when the process has no
 /// OpenBLAS): a weak link-time reference would miss them when the program links the
 /// libblas/liblapack wrappers rather than libopenblas itself. The _local form (OpenBLAS
-/// >= 0.3.27) affects only the calling thread and returns the previous value.
+/// >= 0.3.27) affects only the calling thread, and returns the previous value, in OpenMP
+/// builds only (openblas_get_parallel() == 2); in pthreads builds it sets the process-wide
+/// count like the plain form.
 struct openblas_thread_api {
   int (*get)() = nullptr;
   void (*set)(int) = nullptr;
   int (*set_local)(int) = nullptr;
+  int (*parallel)() = nullptr;  // 0 sequential, 1 pthreads, 2 OpenMP
+
+  /// Whether this OpenBLAS is an OpenMP build (its thread counts are per thread).
+  bool openmp() const { return parallel != nullptr && parallel() == 2; }
+  /// Whether set_local affects the calling thread only.
+  bool per_thread() const { return set_local != nullptr && openmp(); }
 
   static const openblas_thread_api& instance() {
     static const openblas_thread_api api = [] {
@@ -77,15 +85,16 @@ struct openblas_thread_api {
       a.set = reinterpret_cast<void (*)(int)>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
       a.set_local =
           reinterpret_cast<int (*)(int)>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads_local"));
+      a.parallel = reinterpret_cast<int (*)()>(::dlsym(RTLD_DEFAULT, "openblas_get_parallel"));
       return a;
     }();
     return api;
   }
 };
 
-/// Pins OpenBLAS to one thread while alive (see the file comment for why). With OpenBLAS
-/// >= 0.3.27 only the calling thread is affected. Older OpenBLAS (Debian 12 has 0.3.21)
-/// has only a process-wide setting: the guard then serialises distopt's own BLAS calls
+/// Pins OpenBLAS to one thread while alive (see the file comment for why). With an OpenMP
+/// build of OpenBLAS >= 0.3.27 only the calling thread is affected. Otherwise (pthreads
+/// builds, and Debian 12's 0.3.21) the setting is process-wide: the guard then serialises distopt's own BLAS calls
 /// with a (recursive) mutex and restores the old value on exit; an unrelated BLAS call
 /// made by another thread meanwhile also runs on one thread (slower, and its bits may
 /// differ from a threaded run). A BLAS that is not OpenBLAS is left alone (reference BLAS
@@ -94,7 +103,7 @@ class blas_single_thread {
  public:
   blas_single_thread() {
     const auto& api = openblas_thread_api::instance();
-    if (api.set_local != nullptr) {
+    if (api.per_thread()) {
       previous_ = api.set_local(1);
       mode_ = mode::local;
     } else if (api.set != nullptr && api.get != nullptr) {
@@ -162,14 +171,17 @@ inline void sgemm_row_major(bool trans_a, bool trans_b, std::int64_t m, std::int
 }
 
 /// A worker thread of a parallel region whose caller holds a blas_single_thread, calling
-/// sgemm_as_set: with OpenBLAS's per-thread control (>= 0.3.27) it pins this thread to one
-/// BLAS thread as well; with the process-wide setting the caller's guard has already done
-/// so (and holds the mutex, so this must not take it), and it does nothing.
+/// sgemm_as_set. With per-thread control (an OpenMP build, >= 0.3.27) it pins this thread
+/// to one BLAS thread too, and restores it. In an older OpenMP build the count is the
+/// calling thread's OpenMP setting: it sets this thread's to 1 (left so: a worker of
+/// distopt's pool runs no other OpenMP code), without the mutex, which the caller holds. In
+/// a pthreads build the caller's guard has set the process-wide count: it does nothing.
 class blas_worker_thread {
  public:
   blas_worker_thread() {
     const auto& api = openblas_thread_api::instance();
-    if (api.set_local != nullptr) previous_ = api.set_local(1), local_ = true;
+    if (api.per_thread()) previous_ = api.set_local(1), local_ = true;
+    else if (api.openmp() && api.set != nullptr) api.set(1);
   }
   ~blas_worker_thread() {
     if (local_) openblas_thread_api::instance().set_local(previous_);

@@ -59,12 +59,25 @@ struct muon_engine {
                                     "matrix (TP-split Muon matrices are not supported yet)");
       matrix_index_[i] = static_cast<int>(matrices_++);
       const std::int64_t m = t.shape[0], n = t.shape[1];
+      orthogonalizer_type::check_shape(t.name, m, n);  // here, not mid-step on some ranks only
       if (!o.plan_.pieces_of(i).empty())
         work_bytes_ = std::max(work_bytes_, orthogonalizer_type::work_bytes(m, n) +
                                                 static_cast<std::size_t>(m * n) * sizeof(float));
     }
     for (const auto& b : o.plan_.buckets())
       if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, b.padded());
+  }
+
+  /// Refuses hyper-parameters for group `g` that would turn its Muon matrices into AdamW
+  /// tensors or the reverse (set_hyper, a checkpoint's groups): which tensors are matrices
+  /// of the engine is fixed at construction, and so are their state slots.
+  template <class Opt>
+  void check_hyper(const Opt& o, int g, const typename Policy::hyper_params& h) const {
+    const bool was = Policy::orthogonalizes(o.groups_[static_cast<std::size_t>(g)]);
+    if (Policy::orthogonalizes(h) != was)
+      throw std::invalid_argument(std::string(Policy::name) + ": group " + std::to_string(g) +
+                                  (was ? " is a Muon group" : " is not a Muon group") +
+                                  "; use_muon cannot change after construction");
   }
 
   /// Memory report: the fp32 bucket stage and the largest matrix's NS work and update.
@@ -99,10 +112,11 @@ struct muon_engine {
       const G* g = grads + (grads_local ? pc.local : pc.buffer);
       auto* st = buf + pc.local;
       float* out = stage_.data() + (pc.buffer - b.buffer_begin);
+      using State = std::remove_cvref_t<decltype(st[0])>;
       for (std::size_t e = 0; e < pc.count; ++e) {
-        float m = to_float(st[e]);
-        out[e] = Policy::momentum(s, to_float(g[e]) * scale, m);
-        st[e] = from_float<std::remove_cvref_t<decltype(st[e])>>(m);
+        const float grad = to_float(g[e]) * scale;
+        st[e] = from_float<State>(Policy::momentum_buffer(s, grad, to_float(st[e])));
+        out[e] = Policy::blend(s, grad, to_float(st[e]));  // the stored momentum, as torch reads its buffer
       }
     }
     // 2. Every rank's part of the bucket.

@@ -179,12 +179,10 @@ struct muon {
     return h.lr * std::sqrt(std::max(1.0, a / b));
   }
 
-  /// Updates the momentum buffer from one gradient element and returns the element of the
-  /// matrix NS orthogonalises.
-  DISTOPT_HD static float momentum(const scalars& s, float g, float& buf) {
-    buf = s.to_grad(buf, g);
-    return s.nesterov ? s.to_buf(g, buf) : buf;
-  }
+  /// The momentum buffer after gradient element g: buf.lerp_(grad, 1 - momentum).
+  DISTOPT_HD static float momentum_buffer(const scalars& s, float g, float buf) { return s.to_grad(buf, g); }
+  /// The element of the matrix NS orthogonalises, from g and the (stored) new buffer.
+  DISTOPT_HD static float blend(const scalars& s, float g, float buf) { return s.nesterov ? s.to_buf(g, buf) : buf; }
 
   /// Applies one element of the orthogonalised update O: param.mul_(1 - lr weight_decay),
   /// then param.add_(O, alpha=-adjusted_lr).
@@ -223,7 +221,6 @@ class muon_newton_schulz {
            ParallelFor&& parallel_for) {
     const bool tall = m > n;
     const std::int64_t r = tall ? n : m, c = tall ? m : n;  // X is r x c, r <= c
-    detail::lapack_dim(c, "muon_newton_schulz", "the matrix's larger side");
     const std::size_t rc = static_cast<std::size_t>(r * c), rr = static_cast<std::size_t>(r * r);
     x_.resize(rc);
     y_.resize(rc);
@@ -244,8 +241,8 @@ class muon_newton_schulz {
     double sq = 0.0;
     for (float e : x_) sq += static_cast<double>(e) * e;
     float norm = static_cast<float>(std::sqrt(sq));
-    if (half) norm = to_float(from_float<bf16>(norm));
-    norm = std::max(norm, static_cast<float>(h.eps));
+    norm = std::max(half ? to_float(from_float<bf16>(norm)) : norm, static_cast<float>(h.eps));
+    if (half) norm = to_float(from_float<bf16>(norm));  // clamp(min=eps) of a bf16 tensor is bf16
     for (float& e : x_) e = e / norm;
     round(x_);
     const float a = static_cast<float>(h.ns_coefficients[0]), b = static_cast<float>(h.ns_coefficients[1]),
@@ -288,6 +285,16 @@ class muon_newton_schulz {
         for (std::int64_t j = 0; j < n; ++j) out[i * n + j] = x_[static_cast<std::size_t>(j * m + i)];
     } else {
       std::copy(x_.begin(), x_.end(), out);
+    }
+  }
+
+  /// Throws std::invalid_argument naming `name` when an m x n matrix does not fit BLAS's
+  /// 32-bit dimensions.
+  static void check_shape(const std::string& name, std::int64_t m, std::int64_t n) {
+    try {
+      detail::lapack_dim(std::max(m, n), "muon", "the matrix's larger side");
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("muon: tensor '" + name + "': " + e.what());
     }
   }
 
