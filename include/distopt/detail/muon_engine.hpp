@@ -13,7 +13,10 @@
 ///      bytes as GaLore's gather of the reduced grads, (d-1)/d of the bucket in fp32;
 ///   3. for every matrix it holds part of, runs Newton–Schulz on the whole matrix (every
 ///      holder computes the same bits, for any d and thread count) and applies the
-///      orthogonalised update to its own elements.
+///      orthogonalised update to its own elements. A matrix split over tensor-parallel
+///      ranks is first all-gathered over the TP group (its rows, or its columns put back in
+///      place), so every TP rank runs the unsplit matrix's Newton–Schulz and keeps its part:
+///      the bits of the unsplit run.
 /// The other tensors (a policy's AdamW groups) take the element update phase as usual.
 
 #include <algorithm>
@@ -53,13 +56,11 @@ struct muon_engine {
                                     std::to_string(t.shape.size()) +
                                     "-D, in a Muon group: Muon only updates matrices (put it in a group with "
                                     "use_muon = false, which runs AdamW)");
-      if (t.tp != tp_split::none)
-        throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
-                                    "' is split over tensor-parallel ranks; Newton-Schulz needs the whole "
-                                    "matrix (TP-split Muon matrices are not supported yet)");
       matrix_index_[i] = static_cast<int>(matrices_++);
       const std::int64_t m = t.shape[0], n = t.shape[1];
       orthogonalizer_type::check_shape(t.name, m, n);  // here, not mid-step on some ranks only
+      // (With a TP group of size T set later, a split matrix is T times this: checked and
+      // reported with the whole shape when the step gathers it.)
       if (!o.plan_.pieces_of(i).empty())
         work_bytes_ = std::max(work_bytes_, orthogonalizer_type::work_bytes(m, n) +
                                                 static_cast<std::size_t>(m * n) * sizeof(float));
@@ -130,22 +131,61 @@ struct muon_engine {
       const tensor_slot& t = tensors[i];
       const auto& h = o.groups_[static_cast<std::size_t>(t.group)];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
-      update_.resize(t.numel);
-      ortho_.run(h, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin), t.shape[0], t.shape[1],
-                 update_.data(), [&o](std::size_t count, const auto& f) { o.exec_.parallel_for(count, f); });
-      const float neg_lr = static_cast<float>(-Policy::adjusted_lr(h, t.shape[0], t.shape[1]));
+      const whole_matrix w = gather_tp(o, t, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin));
+      update_.resize(static_cast<std::size_t>(w.m * w.n));
+      ortho_.run(h, w.values, w.m, w.n, update_.data(),
+                 [&o](std::size_t count, const auto& f) { o.exec_.parallel_for(count, f); });
+      const float neg_lr = static_cast<float>(-Policy::adjusted_lr(h, w.m, w.n));
       for (std::size_t c = mine.first; c < mine.end; ++c) {
         const shard_piece& pc = pieces[c];
-        const float* u = update_.data() + (pc.layout - t.offset);
+        const std::size_t first = pc.layout - t.offset;  // in this TP rank's part
         typename Opt::param_type* p = o.params_.data() + pc.buffer;
         float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
         for (std::size_t e = 0; e < pc.count; ++e) {
           float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
-          Policy::apply(s, value, u[e], neg_lr);
+          Policy::apply(s, value, update_[w.index_of(first + e)], neg_lr);
           store_param<Mode>(p, m, e, value, key, pc.layout);
         }
       }
     }
+  }
+
+  /// A whole matrix (m x n, row-major) and where element l of this TP rank's part is in it.
+  struct whole_matrix {
+    const float* values;
+    std::int64_t m, n;
+    tp_split split;
+    std::int64_t part_rows, part_cols, part;  // this rank's part: its shape and TP index
+    std::size_t index_of(std::size_t l) const {
+      const auto li = static_cast<std::int64_t>(l);
+      if (split == tp_split::rows) return static_cast<std::size_t>(part * part_rows * n + li);
+      if (split == tp_split::cols)
+        return static_cast<std::size_t>((li / part_cols) * n + part * part_cols + li % part_cols);
+      return l;
+    }
+  };
+
+  /// Tensor `t`'s matrix: `local` (this TP rank's part) itself, or, for a matrix split over
+  /// a TP group of T > 1 ranks, the T parts all-gathered and put in place.
+  template <class Opt>
+  whole_matrix gather_tp(Opt& o, const tensor_slot& t, const float* local) {
+    const std::int64_t pm = t.shape[0], pn = t.shape[1];
+    const int tp = t.tp != tp_split::none && o.tp_ ? o.tp_->size() : 1;
+    if (tp == 1) return {local, pm, pn, tp_split::none, pm, pn, 0};
+    const std::int64_t m = t.tp == tp_split::rows ? pm * tp : pm, n = t.tp == tp_split::cols ? pn * tp : pn;
+    orthogonalizer_type::check_shape(t.name, m, n);
+    parts_.resize(t.numel * static_cast<std::size_t>(tp));
+    o.tp_->all_gather(std::span<const float>(local, t.numel), std::span<float>(parts_));
+    whole_matrix w{parts_.data(), m, n, t.tp, pm, pn, o.tp_->rank()};
+    if (t.tp == tp_split::cols) {  // part p holds columns [p pn, (p + 1) pn) of every row
+      whole_.resize(parts_.size());
+      for (int p = 0; p < tp; ++p)
+        for (std::int64_t r = 0; r < pm; ++r)
+          std::copy_n(parts_.data() + static_cast<std::size_t>(p) * t.numel + static_cast<std::size_t>(r * pn), pn,
+                      whole_.data() + r * n + p * pn);
+      w.values = whole_.data();
+    }
+    return w;
   }
 
   std::vector<int> matrix_index_;  // per tensor: >= 0 for an orthogonalised matrix, else -1
@@ -153,6 +193,7 @@ struct muon_engine {
   std::size_t stage_elems_ = 0, work_bytes_ = 0;  // for the memory report
   std::vector<float> stage_;   // one bucket: the matrices NS takes
   std::vector<float> update_;  // one matrix's orthogonalised update
+  std::vector<float> parts_, whole_;  // a TP-split matrix's parts, gathered; its columns in place
   orthogonalizer_type ortho_;
 };
 
