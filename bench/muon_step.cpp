@@ -113,11 +113,24 @@ int main(int argc, char** argv) {
   adamw.use_muon = false;
   double seconds = 0;
   std::size_t sent = 0;
+  std::string memory;  // rank 0's report, bytes per parameter by category
+  const auto describe = [&memory](const distopt::memory_report& r) {
+    char line[96];
+    for (const auto& e : r.entries)
+      if (e.bytes) {
+        std::snprintf(line, sizeof line, "%s %.2f, ", e.category.c_str(), r.bytes_per_param(e));
+        memory += line;
+      }
+    std::snprintf(line, sizeof line, "total %.2f B/param",
+                  static_cast<double>(r.total_bytes()) / static_cast<double>(r.parameters));
+    memory += line;
+  };
   if (a.ranks == 1) {
     distopt::optimizer<distopt::muon> opt(l, {muon, adamw}, {}, distopt::cpu(a.threads));
     fill_grads(opt, 0);
     opt.step();  // warm-up: work buffers, pages
     seconds = bench::best_seconds(a.repeats, [&] { opt.step(); });
+    describe(opt.memory());
   } else {
     distopt::optimizer_options o;
     o.grad_reduce = distopt::reduce_op::sum;
@@ -133,7 +146,10 @@ int main(int argc, char** argv) {
         fill_grads(opt, rank);
         opt.step();
       });
-      if (rank == 0) sent = (opt.communicator().bytes_sent() - before) / static_cast<std::size_t>(a.repeats);
+      if (rank == 0) {
+        sent = (opt.communicator().bytes_sent() - before) / static_cast<std::size_t>(a.repeats);
+        describe(opt.memory());
+      }
     });
     seconds = *std::max_element(per.begin(), per.end());
   }
@@ -143,6 +159,7 @@ int main(int argc, char** argv) {
               a.ns.c_str(), a.layers, a.width, l.numel(), a.threads, a.ranks, seconds * 1e3, flops / 1e9,
               flops / seconds / 1e9, flops / seconds / 1e9 / ceiling, ceiling);
   if (a.ranks > 1) std::printf("  rank 0 sent %zu bytes per step\n", sent);
+  std::printf("  memory (rank 0): %s\n", memory.c_str());
   if (!a.json.empty()) {
     std::ofstream(a.json, std::ios::app) << "{\"bench\":\"muon\",\"ns\":\"" << a.ns << "\",\"width\":" << a.width
                                          << ",\"layers\":" << a.layers << ",\"params\":" << l.numel()

@@ -533,6 +533,13 @@ struct checkpoint_access {
                          t.numel, first, count, t.shape);
         } else if constexpr (Opt::projects) {
           add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);
+        } else if constexpr (Opt::orthogonalizes) {
+          if (o.ortho_.matrix_index_[i] < 0)  // AdamW's states; a Muon matrix has its momentum only
+            add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.ortho_.state_offset_[r.first], t.numel, first,
+                            count, t.shape);
+          else if (k == 0)
+            add_buffer_item(o, out, i, slot, sdt, o.ortho_.momentum_.data() + o.ortho_.momentum_offset_[r.first],
+                            t.numel, first, count, t.shape);
         } else {
           add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
         }

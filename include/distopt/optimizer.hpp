@@ -297,10 +297,11 @@ class optimizer {
       q8_.init(*this);
     } else if constexpr (projects) {
       proj_.init(*this);
+    } else if constexpr (orthogonalizes) {
+      ortho_.init(*this);
     } else {
       for (int k = 0; k < slots_; ++k) states_[k] = detail::buffer<state_type, Exec>(exec_, plan_.local_size());
     }
-    if constexpr (orthogonalizes) ortho_.init(*this);
   }
 
   /// One hyper-parameter group for every tensor.
@@ -328,7 +329,7 @@ class optimizer {
   view<const state_type> state(std::string_view name, int k) const
     requires(!is_quantized)
   {
-    if constexpr (is_layerwise || projects) {  // compact slot buffers
+    if constexpr (is_layerwise || projects || orthogonalizes) {  // compact slot buffers
       check_slot(k);
       require_whole(name, "state");
       return local_state(name, k).values;
@@ -347,6 +348,7 @@ class optimizer {
   {
     if constexpr (is_layerwise) return layer_.local_state(*this, name, check_slot(k));
     else if constexpr (projects) return proj_.local_state(*this, name, check_slot(k));
+    else if constexpr (orthogonalizes) return ortho_.local_state(*this, name, check_slot(k));
     else return local_view(states_[check_slot(k)], name);
   }
   /// GaLore: state slot `k` of the projected gradient of tensor `name` (a matrix of a group
@@ -631,10 +633,13 @@ class optimizer {
       for (int k = 0; k < slots_; ++k)
         if (states_[k].bytes()) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
       proj_.add_memory(*this, r);
+    } else if constexpr (orthogonalizes) {
+      for (int k = 0; k < slots_; ++k)  // the other tensors' states; the matrices' momentum below
+        if (states_[k].bytes()) r.entries.push_back({"state " + std::to_string(k), states_[k].bytes()});
+      ortho_.add_memory(*this, r);
     } else {
       for (int k = 0; k < slots_; ++k)
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
-      if constexpr (orthogonalizes) ortho_.add_memory(*this, r);
     }
     if (!gnorm_vec_.empty()) r.entries.push_back({"clip history", gnorm_vec_.size() * sizeof(gnorm_vec_[0])});
     r.entries.push_back({"padding", padding});
@@ -675,7 +680,7 @@ class optimizer {
   friend struct detail::layer_engine;
   template <class, class>
   friend struct detail::projection_engine;
-  template <class>
+  template <class, class>
   friend struct detail::muon_engine;
   template <class, class>
   friend struct detail::q8_engine;
@@ -905,6 +910,7 @@ class optimizer {
       u.state_at = proj_.state_offset_.data() + b.first_piece;
     } else if constexpr (orthogonalizes) {
       u.matrix_index = ortho_.matrix_index_.data();
+      u.state_at = ortho_.state_offset_.data() + b.first_piece;
     }
     u.params = params_.data();
     u.grads = grads;
@@ -1107,7 +1113,7 @@ class optimizer {
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
   // Muon only (detail/muon_engine.hpp).
-  std::conditional_t<orthogonalizes, detail::muon_engine<Policy>, detail::no_engine> ortho_;
+  std::conditional_t<orthogonalizes, detail::muon_engine<Policy, state_type>, detail::no_engine> ortho_;
   // Layer-wise policies only (detail/layer_engine.hpp).
   std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type>, detail::no_engine> layer_;
 };

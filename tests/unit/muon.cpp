@@ -307,7 +307,8 @@ BOOST_AUTO_TEST_CASE(momentum_and_adamw_states_are_element_states) {
     for (int s = 0; s < 2; ++s) b = b + w * (harness::grad_value(s, 0, i) - b);
     BOOST_TEST(buf[i] == b, "w0[" << i << "]");
   }
-  BOOST_TEST(values(1, 0) == std::vector<float>(buf.size(), 0.0f), "no second slot used for a Muon matrix");
+  BOOST_TEST(two.states[1][0] == std::vector<unsigned char>(buf.size() * sizeof(float), 0),
+             "no second slot for a Muon matrix (nothing collected)");
   const auto m = values(0, 1), v = values(1, 1);  // b0, AdamW
   for (std::size_t i = 0; i < m.size(); ++i) {
     float em = 0.0f, ev = 0.0f;
@@ -359,9 +360,15 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_stage_of_muon_buckets) {
 BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   const layout l = make_layout(dtype::f32);
   optimizer<muon> opt(l, groups());
-  // AdamW groups use two slots, so two state buffers of every element; the stage holds the
+  // AdamW's two slots for b0 and norm only, one momentum for the matrices; the stage holds the
   // one bucket, the work the largest matrix's NS buffers (w0: two 30 x 40, two 30 x 30) and
   // its update.
+  BOOST_TEST(opt.memory().bytes("state 0") == 730u * 4u);
+  BOOST_TEST(opt.memory().bytes("state 1") == 730u * 4u);
+  BOOST_TEST(opt.memory().bytes("state momentum") == (1200u + 561u + 1024u + 81u) * 4u);
+  BOOST_TEST(opt.local_state("w0", 1).values.empty());
+  BOOST_TEST(opt.local_state("w0", 0).values.size() == 1200u);
+  BOOST_TEST(opt.local_state("norm", 1).values.size() == 700u);
   const auto plan = detail::shard_plan(l, 1, 0, std::size_t{1} << 22, 1u << 14);
   BOOST_TEST(plan.buckets().size() == 1u);
   BOOST_TEST(opt.memory().bytes("orthogonalization stage") == plan.buckets()[0].padded() * sizeof(float));

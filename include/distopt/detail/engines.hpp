@@ -29,7 +29,7 @@ template <class Policy, class State>
 struct projection_engine;
 
 struct muon_engine_tag {};
-template <class Policy>
+template <class Policy, class State>
 struct muon_engine;
 
 /// True once the header defining the engine `Tag` is included (each one specialises it).

@@ -5,8 +5,10 @@
 /// groups a policy orthogonalises. policy/muon.hpp includes it; other optimizers never
 /// parse it.
 ///
-/// The momentum buffer is an ordinary element state (slot 0): sharded like any state,
-/// checkpointed and resharded like one. Per bucket holding such matrices, each rank
+/// The momentum buffer is an element state (slot 0), sharded like any state, checkpointed
+/// and resharded like one; it lives in a compact buffer of the matrices' pieces, and the
+/// other tensors' (AdamW's) states in compact slot buffers of theirs, so that a Muon matrix
+/// costs one state, not the two slots the optimizer has. Per bucket holding such matrices, each rank
 ///   1. updates the momentum of its own elements and writes the matrix NS takes (the
 ///      Nesterov blend) into an fp32 bucket stage, at the elements' places in the bucket;
 ///   2. all-gathers the stage over the data-parallel ranks (sharded storage): the same
@@ -25,20 +27,23 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "../concepts.hpp"
 #include "../layout/registry.hpp"
 #include "../memory_report.hpp"
+#include "../shard_view.hpp"
 #include "../types/rounding.hpp"
+#include "buffer.hpp"
 #include "engines.hpp"
 #include "shard_plan.hpp"
 #include "update_loop.hpp"
 
 namespace distopt::detail {
 
-template <class Policy>
+template <class Policy, class State>
 struct muon_engine {
   using orthogonalizer_type = typename matrix_orthogonalizer<Policy>::type;
 
@@ -67,6 +72,35 @@ struct muon_engine {
     }
     for (const auto& b : o.plan_.buckets())
       if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, b.padded());
+    // Compact states: the matrices' momentum, and every slot of the other tensors.
+    const auto& pieces = o.plan_.pieces();
+    state_offset_.assign(pieces.size(), 0);
+    momentum_offset_.assign(pieces.size(), 0);
+    std::size_t others = 0, momentum = 0;
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      std::size_t& at = matrix_index_[pieces[c].tensor] >= 0 ? momentum : others;
+      (matrix_index_[pieces[c].tensor] >= 0 ? momentum_offset_ : state_offset_)[c] = at;
+      at += pieces[c].count;
+    }
+    momentum_.assign(momentum, from_float<State>(0.0f));
+    for (int k = 0; k < o.slots_; ++k)
+      o.states_[k] = buffer<State, typename Opt::executor_type>(o.exec_, others);
+  }
+
+  /// This rank's part of state slot `k` of tensor `name`: a Muon matrix's momentum (slot
+  /// 0; nothing in other slots), or another tensor's compact state.
+  template <class Opt>
+  shard_view<const State> local_state(const Opt& o, std::string_view name, int k) const {
+    const std::size_t i = o.index_of(name);
+    const piece_range r = o.plan_.pieces_of(i);
+    if (r.empty()) return {};
+    const auto& pieces = o.plan_.pieces();
+    std::size_t n = 0;
+    for (std::size_t c = r.first; c < r.end; ++c) n += pieces[c].count;
+    const std::size_t first = pieces[r.first].layout - o.layout_.tensors()[i].offset;
+    if (matrix_index_[i] < 0) return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], n), first};
+    if (k != 0) return {};
+    return {std::span<const State>(momentum_.data() + momentum_offset_[r.first], n), first};
   }
 
   /// Refuses hyper-parameters for group `g` that would turn its Muon matrices into AdamW
@@ -81,9 +115,11 @@ struct muon_engine {
                                   "; use_muon cannot change after construction");
   }
 
-  /// Memory report: the fp32 bucket stage and the largest matrix's NS work and update.
+  /// Memory report: the matrices' momentum, the fp32 bucket stage and the largest
+  /// matrix's NS work and update.
   template <class Opt>
   void add_memory(const Opt&, memory_report& r) const {
+    r.entries.push_back({"state momentum", momentum_.size() * sizeof(State)});
     r.entries.push_back({"orthogonalization stage", stage_elems_ * sizeof(float)});
     r.entries.push_back({"orthogonalization work", work_bytes_});
   }
@@ -104,16 +140,14 @@ struct muon_engine {
     const auto& pieces = o.plan_.pieces();
     stage_.assign(b.padded(), 0.0f);
     // 1. Momentum of this rank's elements, and the matrix NS takes, into the stage.
-    auto* buf = o.states_[0].data();  // fp32 or bf16 momentum
     for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
       const shard_piece& pc = pieces[c];
       if (matrix_index_[pc.tensor] < 0) continue;
       const auto& s = sc[static_cast<std::size_t>(pc.group)];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[pc.tensor];
       const G* g = grads + (grads_local ? pc.local : pc.buffer);
-      auto* st = buf + pc.local;
+      State* st = momentum_.data() + momentum_offset_[c];
       float* out = stage_.data() + (pc.buffer - b.buffer_begin);
-      using State = std::remove_cvref_t<decltype(st[0])>;
       for (std::size_t e = 0; e < pc.count; ++e) {
         const float grad = to_float(g[e]) * scale;
         st[e] = from_float<State>(Policy::momentum_buffer(s, grad, to_float(st[e])));
@@ -189,6 +223,9 @@ struct muon_engine {
   }
 
   std::vector<int> matrix_index_;  // per tensor: >= 0 for an orthogonalised matrix, else -1
+  std::vector<std::size_t> state_offset_;     // per piece of another tensor: its offset in the slot buffers
+  std::vector<std::size_t> momentum_offset_;  // per piece of a matrix: its offset in momentum_
+  std::vector<State> momentum_;               // the matrices' momentum (host memory: Muon's executors)
   std::size_t matrices_ = 0;
   std::size_t stage_elems_ = 0, work_bytes_ = 0;  // for the memory report
   std::vector<float> stage_;   // one bucket: the matrices NS takes
