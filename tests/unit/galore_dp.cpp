@@ -179,33 +179,13 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_grads_of_projected_buckets)
   // bucket holding a projected matrix also all-gathers its reduced grads: (d - 1) shards.
   for (int d : {2, 3, 4}) {
     const layout l = make_layout(dtype::f32);
-    std::vector<std::size_t> sent(2);
-    for (int with_rank = 0; with_rank < 2; ++with_rank) {
-      auto h = groups(galore_proj::std_);
-      if (!with_rank) h[1].rank.reset();
-      optimizer_options o;
-      o.check_finite = false;
-      o.bucket_elems = 512;
-      run_ranks(d, [&](threads& comm) {
-        const int rank = comm.rank();
-        optimizer<galore_adamw, sharded<fp32>, threads> opt(l, h, o, cpu(1), std::move(comm));
-        for (int s = 0; s < 3; ++s) {
-          for (const auto& t : opt.tensors().tensors())
-            for (auto& g : opt.grad(t.name)) g = rank == 0 ? 0.01f : 0.0f;
-          opt.step();
-        }
-        if (rank == 0) sent[static_cast<std::size_t>(with_rank)] = opt.communicator().bytes_sent();
-      });
-    }
+    using opt_t = optimizer<galore_adamw, sharded<fp32>, threads>;
+    auto plain = groups(galore_proj::std_);
+    plain[1].rank.reset();
+    const std::size_t sent = harness::three_steps_sent<opt_t>(l, groups(galore_proj::std_), d);
     // Expected: per step, for each bucket holding a matrix, (d - 1) * shard * 4 bytes.
-    const auto plan = detail::shard_plan(l, d, 0, 512, 1u << 14);
-    std::size_t extra = 0;
-    for (const auto& b : plan.buckets()) {
-      bool has_matrix = false;
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) has_matrix = has_matrix || l.tensors()[i].shape.size() == 2;
-      if (has_matrix) extra += static_cast<std::size_t>(d - 1) * b.shard_elems * sizeof(float);
-    }
-    BOOST_TEST(sent[1] - sent[0] == 3 * extra, "d = " << d);
+    const std::size_t extra = harness::gathered_bucket_bytes(l, d, [](const auto& t) { return t.shape.size() == 2; });
+    BOOST_TEST(sent - harness::three_steps_sent<opt_t>(l, plain, d) == 3 * extra, "d = " << d);
   }
 }
 

@@ -327,33 +327,13 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_stage_of_muon_buckets) {
   // its fp32 stage, (d - 1) shards of 4 bytes.
   for (int d : {2, 3, 4}) {
     const layout l = make_layout(dtype::f32);
-    std::vector<std::size_t> sent(2);
-    std::size_t expected = 0;
-    for (int with_muon = 0; with_muon < 2; ++with_muon) {
-      auto h = groups();
-      if (!with_muon) h[1].use_muon = false;
-      optimizer_options o;
-      o.check_finite = false;
-      o.bucket_elems = 512;
-      run_ranks(d, [&](threads& comm) {
-        const int rank = comm.rank();
-        optimizer<muon, sharded<fp32>, threads> opt(l, h, o, cpu(1), std::move(comm));
-        for (int s = 0; s < 3; ++s) {
-          for (const auto& t : opt.tensors().tensors())
-            for (auto& g : opt.grad(t.name)) g = rank == 0 ? 0.01f : 0.0f;
-          opt.step();
-        }
-        if (rank == 0) sent[static_cast<std::size_t>(with_muon)] = opt.communicator().bytes_sent();
-      });
-    }
-    const auto plan = detail::shard_plan(l, d, 0, 512, 1u << 14);
-    for (const auto& b : plan.buckets()) {
-      bool any = false;
-      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || l.tensors()[i].group == 1;
-      if (any) expected += static_cast<std::size_t>(d - 1) * b.shard_elems * sizeof(float);
-    }
+    using opt_t = optimizer<muon, sharded<fp32>, threads>;
+    auto adamw = groups();
+    adamw[1].use_muon = false;
+    const std::size_t sent = harness::three_steps_sent<opt_t>(l, groups(), d);
+    const std::size_t expected = harness::gathered_bucket_bytes(l, d, [](const auto& t) { return t.group == 1; });
     BOOST_TEST(expected > 0u);
-    BOOST_TEST(sent[1] - sent[0] == 3 * expected, "d = " << d);
+    BOOST_TEST(sent - harness::three_steps_sent<opt_t>(l, adamw, d) == 3 * expected, "d = " << d);
   }
 }
 

@@ -262,4 +262,39 @@ inline run_options fp16_loss_scaling() {
 }
 }  // namespace cases
 
+/// Rank 0's bytes sent by three steps of sharded optimizer type Opt on d ranks as threads
+/// (buckets of 512 elements, no finite check), rank 0's grads 0.01 and the others' zero.
+template <class Opt>
+std::size_t three_steps_sent(const layout& l, const std::vector<typename Opt::hyper_params>& h, int d) {
+  distopt::optimizer_options o;
+  o.check_finite = false;
+  o.bucket_elems = 512;
+  std::size_t sent = 0;
+  distopt::run_ranks(d, [&](distopt::threads& comm) {
+    const int rank = comm.rank();
+    Opt opt(l, h, o, distopt::cpu(1), std::move(comm));
+    for (int s = 0; s < 3; ++s) {
+      for (const auto& t : opt.tensors().tensors())
+        for (auto& g : opt.grad(t.name)) g = rank == 0 ? 0.01f : 0.0f;
+      opt.step();
+    }
+    if (rank == 0) sent = opt.communicator().bytes_sent();
+  });
+  return sent;
+}
+
+/// (d - 1) shards of fp32 for each bucket (of 512 elements, as three_steps_sent) holding
+/// a tensor for which `gathered(tensor)` is true: one all-gather of those buckets in fp32.
+template <class Pred>
+std::size_t gathered_bucket_bytes(const layout& l, int d, Pred gathered) {
+  const auto plan = distopt::detail::shard_plan(l, d, 0, 512, 1u << 14);
+  std::size_t bytes = 0;
+  for (const auto& b : plan.buckets()) {
+    bool any = false;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || gathered(l.tensors()[i]);
+    if (any) bytes += static_cast<std::size_t>(d - 1) * b.shard_elems * sizeof(float);
+  }
+  return bytes;
+}
+
 }  // namespace harness
