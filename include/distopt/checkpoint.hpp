@@ -502,8 +502,7 @@ struct checkpoint_access {
       const distopt::detail::piece_range r = o.plan_.pieces_of(i);
       if (r.empty()) continue;
       const distopt::detail::shard_piece& p0 = pieces[r.first];
-      std::size_t count = 0;
-      for (std::size_t c = r.first; c < r.end; ++c) count += pieces[c].count;
+      const std::size_t count = o.plan_.local_count(i);
       const std::uint64_t first = p0.layout - t.offset;
       add_buffer_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + p0.buffer, t.numel,
                      first, count, t.shape);

@@ -47,8 +47,9 @@ template <class Policy, class State>
 struct muon_engine {
   using orthogonalizer_type = typename matrix_orthogonalizer<Policy>::type;
 
-  /// Refuses what the engine cannot run: a non-matrix in an orthogonalised group (as
-  /// torch.optim.Muon does), a TP-split matrix (NS needs it whole), and marks the matrices.
+  /// Refuses what the engine cannot run (a non-matrix in an orthogonalised group, as
+  /// torch.optim.Muon does; a matrix too large for BLAS), marks the matrices and lays out
+  /// the compact states.
   template <class Opt>
   void init(Opt& o) {
     const auto tensors = o.layout_.tensors();
@@ -61,7 +62,7 @@ struct muon_engine {
                                     std::to_string(t.shape.size()) +
                                     "-D, in a Muon group: Muon only updates matrices (put it in a group with "
                                     "use_muon = false, which runs AdamW)");
-      matrix_index_[i] = static_cast<int>(matrices_++);
+      matrix_index_[i] = 1;
       const std::int64_t m = t.shape[0], n = t.shape[1];
       orthogonalizer_type::check_shape(t.name, m, n);  // here, not mid-step on some ranks only
       // (With a TP group of size T set later, a split matrix is T times this: checked and
@@ -94,10 +95,7 @@ struct muon_engine {
     const std::size_t i = o.index_of(name);
     const piece_range r = o.plan_.pieces_of(i);
     if (r.empty()) return {};
-    const auto& pieces = o.plan_.pieces();
-    std::size_t n = 0;
-    for (std::size_t c = r.first; c < r.end; ++c) n += pieces[c].count;
-    const std::size_t first = pieces[r.first].layout - o.layout_.tensors()[i].offset;
+    const std::size_t n = o.plan_.local_count(i), first = o.plan_.pieces()[r.first].layout - o.layout_.tensors()[i].offset;
     if (matrix_index_[i] < 0) return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], n), first};
     if (k != 0) return {};
     return {std::span<const State>(momentum_.data() + momentum_offset_[r.first], n), first};
@@ -138,7 +136,7 @@ struct muon_engine {
     if (!has_matrix(b)) return;  // the same answer on every rank: the collective below matches
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
-    stage_.assign(b.padded(), 0.0f);
+    stage_.resize(std::max(stage_.size(), b.padded()));  // only the matrices' places are read
     // 1. Momentum of this rank's elements, and the matrix NS takes, into the stage.
     for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
       const shard_piece& pc = pieces[c];
@@ -222,11 +220,10 @@ struct muon_engine {
     return w;
   }
 
-  std::vector<int> matrix_index_;  // per tensor: >= 0 for an orthogonalised matrix, else -1
+  std::vector<int> matrix_index_;  // per tensor: 1 for an orthogonalised matrix, else -1 (read as >= 0)
   std::vector<std::size_t> state_offset_;     // per piece of another tensor: its offset in the slot buffers
   std::vector<std::size_t> momentum_offset_;  // per piece of a matrix: its offset in momentum_
   std::vector<State> momentum_;               // the matrices' momentum (host memory: Muon's executors)
-  std::size_t matrices_ = 0;
   std::size_t stage_elems_ = 0, work_bytes_ = 0;  // for the memory report
   std::vector<float> stage_;   // one bucket: the matrices NS takes
   std::vector<float> update_;  // one matrix's orthogonalised update

@@ -143,11 +143,8 @@ struct projection_engine {
     const std::size_t i = o.index_of(name);
     const detail::piece_range r = o.plan_.pieces_of(i);
     if (matrix_index_[i] >= 0 || r.empty()) return {};
-    const auto& pieces = o.plan_.pieces();
-    std::size_t n = 0;
-    for (std::size_t c = r.first; c < r.end; ++c) n += pieces[c].count;
-    return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], n),
-            pieces[r.first].layout - o.layout_.tensors()[i].offset};
+    return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], o.plan_.local_count(i)),
+            o.plan_.pieces()[r.first].layout - o.layout_.tensors()[i].offset};
   }
 
   /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per

@@ -189,7 +189,7 @@ struct q8_engine {
     if (r.empty()) return q;
     q.offset = pieces_[r.first].offset;
     q.first = pieces[r.first].layout - o.layout_.tensors()[i].offset;
-    for (std::size_t c = r.first; c < r.end; ++c) q.count += pieces[c].count;
+    q.count = o.plan_.local_count(i);
     return q;
   }
 

@@ -73,6 +73,13 @@ class shard_plan {
   std::size_t tensor_buffer(std::size_t i) const { return tensor_buffer_.at(i); }
   /// This rank's pieces of tensor `i` (consecutive in pieces()).
   piece_range pieces_of(std::size_t i) const { return tensor_pieces_.at(i); }
+  /// Elements of this rank's pieces of tensor `i` (0 when it holds none).
+  std::size_t local_count(std::size_t i) const {
+    const piece_range r = tensor_pieces_.at(i);
+    std::size_t n = 0;
+    for (std::size_t c = r.first; c < r.end; ++c) n += pieces_[c].count;
+    return n;
+  }
   /// Whether tensor `i`'s elements lie in more than one rank's shard.
   bool straddles(std::size_t i) const { return straddles_.at(i); }
 
