@@ -75,7 +75,7 @@ constexpr const char* usage_text =
     "  --normalize     scale pixels to zero mean, unit variance (default on; off: [0, 1])\n"
     "  --checkpoint    save the optimizer (params and states) into DIR at the end, and every\n"
     "                  --checkpoint-every N steps; each save replaces the last one atomically\n"
-    "  --resume        load DIR (saved with any --ranks, the same --tp and model) and continue\n"
+    "  --resume        load DIR (saved with any --ranks and --tp, the same model) and continue\n"
     "                  from its step: the same shuffles and batches as an uninterrupted run\n"
     "  --ranks         data-parallel ranks as threads of this process, default 1. Each rank\n"
     "                  takes a contiguous part of every batch (the first batch % N ranks one\n"

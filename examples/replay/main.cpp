@@ -97,7 +97,7 @@ constexpr const char* usage_text =
     "                      [--comm threads|mpi] [--save-at K DIR] [--resume DIR]\n"
     "                      [--backend cpu|kokkos]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
-    "on any number of ranks, same --tp) and runs the trace's remaining steps.\n"
+    "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
     "elements (default 4096; smaller ones keep fp32). --percentile-clipping P (0..100,\n"
     "default 100 = off) clips each tensor's gradient at the P-th percentile of its last 100\n"

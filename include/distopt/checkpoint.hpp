@@ -25,8 +25,11 @@
 /// Loading works for any data-parallel size: each rank reads the headers, then only the
 /// chunks that hold its own elements. Every rank checks everything it reads; then the
 /// ranks agree (one all-reduce) before anyone changes its state, so a bad checkpoint
-/// leaves every rank's optimizer as it was. The tensor-parallel size must be the one the
-/// checkpoint was written with (each TP rank has its own files).
+/// leaves every rank's optimizer as it was. Each TP part writes its own files; the items
+/// also say where the part's box lies in the whole (TP-unsplit) array, so a checkpoint
+/// loads on another TP size, or another split of a tensor: each rank then reads its box
+/// from the parts holding it (the index's "whole_tensors" must match). 8-bit absmax of
+/// blocks that a TP cut splits have no such place and load only on the saving TP layout.
 ///
 /// Needs xxHash (Debian: libxxhash-dev), used header-only.
 
@@ -124,7 +127,9 @@ struct slice_record {
   std::uint64_t total = 0, first = 0, count = 0;
   std::vector<std::int64_t> shape;
   std::vector<std::uint64_t> hashes;
+  distopt::detail::tp_box tp;  // empty in files of distopt before 0.?: loads on the saving TP layout only
   // Filled by the loader from the safetensors header.
+  int part = 0;  // the TP part whose files hold it
   std::size_t file = 0;
   std::uint64_t offset = 0;  // of the slice's first byte in the file
   std::size_t element_size = 0;
@@ -140,6 +145,7 @@ struct checkpoint_index {
   std::string generation;
   int dp_size = 1, tp_size = 1;
   std::map<std::string, std::string, std::less<>> identity, state;
+  std::map<std::string, std::string, std::less<>> whole;  // checkpoint_scalars::whole; empty in older indexes
   std::vector<std::vector<file_record>> files;  // [tp rank][dp rank]
 };
 
@@ -192,6 +198,7 @@ inline std::string index_text(const checkpoint_index& index) {
   j["tp_size"] = index.tp_size;
   j["identity"] = index.identity;
   j["state"] = index.state;
+  j["whole_tensors"] = index.whole;
   nlohmann::json files = nlohmann::json::array();
   for (const auto& part : index.files) {
     nlohmann::json p = nlohmann::json::array();
@@ -228,6 +235,8 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& la
   index.tp_size = static_cast<int>(tp);
   index.identity = string_map(member(j, "identity", label, vt::object), label + " identity");
   index.state = string_map(member(j, "state", label, vt::object), label + " state");
+  if (j.contains("whole_tensors"))  // optional: indexes written before TP resharding have none
+    index.whole = string_map(member(j, "whole_tensors", label, vt::object), label + " whole_tensors");
   const auto& files = member(j, "files", label, vt::array);
   if (files.size() != tp) fail(label, "\"files\" has " + std::to_string(files.size()) + " parts, tp_size is " + std::to_string(tp));
   for (const auto& part : files) {
@@ -259,6 +268,8 @@ inline std::string items_text(const std::vector<distopt::detail::checkpoint_item
     for (std::uint64_t x : hashes[k]) h.push_back(hex64(x));
     j[it.name] = {{"dtype", it.dtype}, {"total", it.total}, {"first", it.first}, {"count", it.count},
                   {"shape", it.shape}, {"xxh3", std::move(h)}};
+    if (!it.tp.whole.empty())
+      j[it.name]["tp"] = {{"whole", it.tp.whole}, {"box", it.tp.box}, {"offset", it.tp.offset}};
   }
   return j.dump();
 }
@@ -298,6 +309,29 @@ inline std::map<std::string, slice_record, std::less<>> parse_items(std::string_
       const auto x = h.is_string() ? parse_hex64(h.get<std::string>()) : std::nullopt;
       if (!x) fail(where, "a chunk checksum is not 16 hex digits");
       r.hashes.push_back(*x);
+    }
+    if (v.contains("tp")) {  // optional: files written before TP resharding have none
+      const auto& tp = member(v, "tp", where, vt::object);
+      const auto dims = [&](const char* key) {
+        std::vector<std::int64_t> out;
+        for (const auto& d : member(tp, key, where + " tp", vt::array)) {
+          if (!d.is_number_unsigned() || d.get<std::uint64_t>() > (std::uint64_t{1} << 62))
+            fail(where, std::string("tp ") + key + " holds a value that is not a non-negative integer");
+          out.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+        }
+        return out;
+      };
+      r.tp = {dims("whole"), dims("box"), dims("offset")};
+      const std::size_t rank = r.tp.whole.size();
+      std::uint64_t cells = 1;
+      bool inside = rank != 0 && r.tp.box.size() == rank && r.tp.offset.size() == rank;
+      for (std::size_t a = 0; inside && a < rank; ++a) {
+        inside = r.tp.offset[a] <= r.tp.whole[a] && r.tp.box[a] <= r.tp.whole[a] - r.tp.offset[a] &&
+                 (cells == 0 || static_cast<std::uint64_t>(r.tp.box[a]) <= r.total / cells);
+        if (inside) cells *= static_cast<std::uint64_t>(r.tp.box[a]);
+      }
+      if (!inside || cells != r.total)
+        fail(where, "its tp box does not hold its " + std::to_string(r.total) + " elements inside the whole array");
     }
     out.emplace(name, std::move(r));
   }
@@ -395,6 +429,104 @@ inline void read_slice(const read_file& f, const slice_record& s, std::uint64_t 
   if (!direct) std::memcpy(out, buffer.data() + (a - lo) * es, static_cast<std::size_t>((b - a) * es));
 }
 
+/// Reads elements [it.first, it.first + it.count) of `it` into `out` from a checkpoint whose
+/// TP parts cut the item's whole array otherwise than this optimizer does (another TP size,
+/// or another split of a tensor). Each element's place in the whole array (it.tp) is looked
+/// up in the boxes the saving parts wrote; the first part holding it is read (every part
+/// holding an element holds the same bits). Runs along the last axis are cut where a part's
+/// box or a rank's slice ends; each slice is read once over the range its runs span, and
+/// every chunk read is checked.
+inline void read_resharded(const distopt::detail::checkpoint_item& it, const std::vector<slice_record>& slices,
+                           const std::vector<read_file>& files, std::byte* out, std::vector<std::byte>& buffer) {
+  const distopt::detail::tp_box& want = it.tp;
+  const auto fixed = [&](const std::string& label) {
+    fail(label, "'" + it.name + "' holds 8-bit absmax of blocks that a TP cut splits (a tensor split by columns, or "
+                "by rows into parts not a multiple of " + std::to_string(q8::block) +
+                " elements): it loads only with the TP layout that saved it");
+  };
+  if (want.whole.empty()) fixed("this optimizer's TP layout");
+  struct part_slices {
+    const distopt::detail::tp_box* box = nullptr;
+    std::vector<std::size_t> slices;  // by first element
+  };
+  std::map<int, part_slices> parts;  // by TP part: the lowest holder of an element is read
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    const slice_record& s = slices[k];
+    const std::string file = files[s.file].path.string();
+    if (s.tp.whole.empty()) fixed(file);
+    if (s.dtype != it.dtype || s.tp.whole != want.whole)
+      fail(file, "'" + it.name + "' is " + s.dtype + " in a whole array of shape " + shape_string(s.tp.whole) +
+                     ", this optimizer keeps " + it.dtype + " in one of shape " + shape_string(want.whole));
+    part_slices& p = parts[s.part];
+    if (p.box && (p.box->box != s.tp.box || p.box->offset != s.tp.offset))
+      fail(file, "'" + it.name + "': the files of TP part " + std::to_string(s.part) + " disagree on its box");
+    p.box = &s.tp;
+    p.slices.push_back(k);
+  }
+  for (auto& [part, p] : parts)
+    std::sort(p.slices.begin(), p.slices.end(), [&](std::size_t a, std::size_t b) { return slices[a].first < slices[b].first; });
+
+  struct run {
+    std::size_t slice;
+    std::uint64_t from, to, count;  // elements [from, from + count) of the slice's part -> out[to, ...)
+  };
+  std::vector<run> runs;
+  const std::size_t nd = want.whole.size();
+  std::vector<std::int64_t> c(nd);  // the element's place in the whole array
+  const std::uint64_t end = it.first + it.count;
+  for (std::uint64_t e = it.first; e < end;) {
+    std::uint64_t x = e;
+    for (std::size_t a = nd; a-- > 0;) {
+      c[a] = want.offset[a] + static_cast<std::int64_t>(x % static_cast<std::uint64_t>(want.box[a]));
+      x /= static_cast<std::uint64_t>(want.box[a]);
+    }
+    std::uint64_t left = std::min(static_cast<std::uint64_t>(want.offset.back() + want.box.back() - c.back()), end - e);
+    while (left > 0) {
+      const part_slices* holder = nullptr;
+      for (const auto& [part, p] : parts) {
+        bool in = true;
+        for (std::size_t a = 0; a < nd && in; ++a) in = c[a] >= p.box->offset[a] && c[a] < p.box->offset[a] + p.box->box[a];
+        if (in) {
+          holder = &p;
+          break;
+        }
+      }
+      if (!holder) fail("the checkpoint", "no TP part holds element " + shape_string(c) + " of '" + it.name + "'");
+      const distopt::detail::tp_box& b = *holder->box;
+      std::uint64_t at = 0;
+      for (std::size_t a = 0; a < nd; ++a) at = at * static_cast<std::uint64_t>(b.box[a]) + static_cast<std::uint64_t>(c[a] - b.offset[a]);
+      const auto next = std::upper_bound(holder->slices.begin(), holder->slices.end(), at,
+                                         [&](std::uint64_t v, std::size_t k) { return v < slices[k].first; });
+      const slice_record* s = next == holder->slices.begin() ? nullptr : &slices[*std::prev(next)];
+      if (!s || at >= s->first + s->count)
+        fail("the checkpoint", "the rank files of TP part " + std::to_string(slices[holder->slices.front()].part) +
+                                   " hold no element " + std::to_string(at) + " of '" + it.name + "'");
+      const std::uint64_t n = std::min({left, static_cast<std::uint64_t>(b.offset.back() + b.box.back() - c.back()),
+                                        s->first + s->count - at});
+      runs.push_back({static_cast<std::size_t>(s - slices.data()), at, e - it.first, n});
+      c.back() += static_cast<std::int64_t>(n);
+      e += n;
+      left -= n;
+    }
+  }
+  std::stable_sort(runs.begin(), runs.end(), [](const run& a, const run& b) { return a.slice < b.slice; });
+  std::vector<std::byte> data;
+  const std::size_t es = it.element_size;
+  for (std::size_t j = 0; j < runs.size();) {
+    std::size_t k = j;
+    std::uint64_t lo = runs[j].from, hi = runs[j].from + runs[j].count;
+    for (; k < runs.size() && runs[k].slice == runs[j].slice; ++k) {
+      lo = std::min(lo, runs[k].from);
+      hi = std::max(hi, runs[k].from + runs[k].count);
+    }
+    const slice_record& s = slices[runs[j].slice];
+    data.resize(static_cast<std::size_t>((hi - lo) * es));
+    read_slice(files[s.file], s, lo, hi, data.data(), buffer, it.name);
+    for (; j < k; ++j)
+      std::memcpy(out + runs[j].to * es, data.data() + (runs[j].from - lo) * es, static_cast<std::size_t>(runs[j].count * es));
+  }
+}
+
 }  // namespace detail
 
 /// The optimizer's private side, for save_checkpoint and load_checkpoint.
@@ -419,15 +551,42 @@ struct checkpoint_access {
     return !whole || o.plan_.pieces()[r.first].layout == o.layout_.tensors()[i].offset;
   }
 
+  /// The TP box of a part of extents `box`, split along `axis` over the TP group (-1: every
+  /// TP part holds the whole).
+  template <class Opt>
+  static distopt::detail::tp_box tp_box_of(const Opt& o, std::vector<std::int64_t> box, int axis) {
+    distopt::detail::tp_box b;
+    b.whole = box;
+    b.offset.assign(box.size(), 0);
+    if (axis >= 0 && o.tp_ && o.tp_->size() > 1) {
+      const auto a = static_cast<std::size_t>(axis);
+      b.whole[a] *= o.tp_->size();
+      b.offset[a] = o.tp_->rank() * box[a];
+    }
+    b.box = std::move(box);
+    return b;
+  }
+
+  /// The axis of tensor `i`'s elements that TP splits: 0 for rows, the last for columns.
+  template <class Opt>
+  static int element_axis(const Opt& o, std::size_t i) {
+    const tensor_slot& t = o.layout_.tensors()[i];
+    if (t.shape.empty() || t.tp == tp_split::none) return -1;
+    return t.tp == tp_split::rows ? 0 : static_cast<int>(t.shape.size()) - 1;
+  }
+
   /// Appends the item for this rank's slice [first, first + count) of tensor `i`'s vector
-  /// `suffix`, whose element k lives at `base[k - first]`.
+  /// `suffix`, whose element k lives at `base[k - first]`: one per element of the tensor's
+  /// TP part, or (`whole`) a vector every holder of the tensor keeps whole.
   template <class Opt, class T>
   static void add_slice_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
                       T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
                       std::vector<std::int64_t> shape, bool whole = false) {
-    out.push_back(slice_item(o.layout_.tensors()[i].name + "/" + suffix, std::move(st_dtype), sizeof(T),
-                             reinterpret_cast<std::byte*>(base), total, first, count, std::move(shape),
-                             writes_tensor(o, i, whole)));
+    const tensor_slot& t = o.layout_.tensors()[i];
+    out.push_back(slice_item(t.name + "/" + suffix, std::move(st_dtype), sizeof(T), reinterpret_cast<std::byte*>(base),
+                             total, first, count, std::move(shape), writes_tensor(o, i, whole)));
+    if (whole) out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(total)}, -1);
+    else out.back().tp = tp_box_of(o, t.shape.empty() ? std::vector<std::int64_t>{1} : t.shape, element_axis(o, i));
   }
 
   /// add_slice_item for a slice of the optimizer's buffers. In device memory it is saved
@@ -521,8 +680,16 @@ struct checkpoint_access {
           if (q.quantized) {
             add_buffer_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
             const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
-            add_buffer_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block,
-                           (t.numel + q8::block - 1) / q8::block, b0, b1 - b0, {});
+            const std::uint64_t blocks = (t.numel + q8::block - 1) / q8::block;
+            add_buffer_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block, blocks,
+                            b0, b1 - b0, {});
+            // The blocks of a TP part are blocks of the whole tensor only when the part is
+            // whole, or a run of rows of a multiple of the block.
+            const int axis = o.tp_ && o.tp_->size() > 1 ? element_axis(o, i) : -1;
+            if (axis < 0 || (axis == 0 && t.numel % q8::block == 0))
+              out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(blocks)}, axis);
+            else
+              out.back().tp = {};
           } else {
             add_buffer_item(o, out, i, slot, "F32", o.q8_.small_[k].data() + q.offset, t.numel, first, count, t.shape);
           }
@@ -548,8 +715,21 @@ struct checkpoint_access {
       if constexpr (Opt::is_layerwise) {
         auto& lt = o.layer_.lt_[i];
         if (lt.factored) {
-          if (!lt.row_state.empty()) add_whole_item(o, out, i, "row_states", lt.row_state);
-          if (!lt.col_state.empty()) add_whole_item(o, out, i, "col_states", lt.col_state);
+          // [slots][matrices][rows] and [slots][matrices][columns]. TP splits the rows of a
+          // matrix (its column states are then summed over TP, the same on every part), the
+          // matrices of a stack (dim 0 of a tensor of more than 2 dims), or the columns.
+          const auto m = static_cast<std::int64_t>(lt.matrices), rows = static_cast<std::int64_t>(lt.rows),
+                     cols = static_cast<std::int64_t>(lt.cols);
+          const bool stack = lt.tp_split && t.tp == tp_split::rows && !lt.tp_rows;
+          using policy = typename Opt::policy_type;
+          if (!lt.row_state.empty()) {
+            add_whole_item(o, out, i, "row_states", lt.row_state);
+            out.back().tp = tp_box_of(o, {policy::row_states, m, rows}, lt.tp_rows ? 2 : stack ? 1 : -1);
+          }
+          if (!lt.col_state.empty()) {
+            add_whole_item(o, out, i, "col_states", lt.col_state);
+            out.back().tp = tp_box_of(o, {policy::col_states, m, cols}, lt.tp_cols ? 2 : stack ? 1 : -1);
+          }
         }
       }
       if constexpr (Opt::projects) {
@@ -575,6 +755,7 @@ struct checkpoint_access {
             it.dtype = "F32";
             it.total = it.count = sizes[k];
             it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
+            it.tp = tp_box_of(o, {static_cast<std::int64_t>(sizes[k])}, -1);  // GaLore's matrices are not TP-split
             it.save = writes_tensor(o, i, true) && pm.proj.has_ortho();
             it.load = false;  // optional: when the checkpoint has it
             it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
@@ -609,7 +790,13 @@ struct checkpoint_access {
     id("percentile_clipping", std::to_string(o.options_.percentile_clipping));
     id("loss_scaling", o.scaler_ ? "dynamic" : "off");
     id("tensors", std::to_string(o.layout_.tensors().size()));
-    for (const tensor_slot& t : o.layout_.tensors()) id("tensor " + t.name, distopt::detail::describe_tensor(t));
+    for (std::size_t i = 0; i < o.layout_.tensors().size(); ++i) {
+      const tensor_slot& t = o.layout_.tensors()[i];
+      id("tensor " + t.name, distopt::detail::describe_tensor(t));
+      const auto whole = tp_box_of(o, t.shape, element_axis(o, i)).whole;
+      s.whole.emplace_back("tensor " + t.name, "'" + t.name + "' " + shape_string(whole) + " " +
+                                                   std::string(dtype_name(t.dtype)) + " group " + std::to_string(t.group));
+    }
     const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
     st("step", std::to_string(o.step_));
     st("seed", std::to_string(o.options_.seed));
@@ -782,6 +969,7 @@ inline void save_checkpoint(const checkpoint_party& party, const std::filesystem
       index.tp_size = tps;
       for (const auto& [k, v] : sc.identity) index.identity.emplace(k, v);
       for (const auto& [k, v] : sc.state) index.state.emplace(k, v);
+      for (const auto& [k, v] : sc.whole) index.whole.emplace(k, v);
       for (int p = 0; p < tps; ++p) {
         auto& part = index.files.emplace_back();
         for (int q = 0; q < d; ++q) {
@@ -819,20 +1007,34 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
     index = detail::parse_index(text, index_path);
     // What must match.
     const auto sc = party.scalars();
+    // Another TP layout (TP size, or how a tensor is split): the parts' tensors differ, the
+    // whole tensors must not, and every part's files are read.
+    const bool can_reshard = !index.whole.empty();  // indexes written before TP resharding cannot
+    bool reshard = index.tp_size != tps;
+    if (reshard && !can_reshard)
+      detail::fail(index_path, "was written with tensor-parallel size " + std::to_string(index.tp_size) +
+                                   ", this optimizer has " + std::to_string(tps) +
+                                   ", by a distopt that did not record whole tensors (it loads only with TP size " +
+                                   std::to_string(index.tp_size) + ")");
     for (const auto& [k, v] : sc.identity) {
       const auto it = index.identity.find(k);
       if (it == index.identity.end())
         detail::fail(index_path, k.starts_with("tensor ") ? "holds no " + k.substr(0, 6) + " '" + k.substr(7) + "'"
                                                           : "records no " + k);
-      if (it->second != v)
+      if (it->second != v && k.starts_with("tensor ") && can_reshard) reshard = true;
+      else if (it->second != v)
         detail::fail(index_path, "was written with " + k + " " + it->second + ", this optimizer has " + v);
     }
     for (const auto& [k, v] : index.identity)
       if (k.starts_with("tensor ") && std::none_of(sc.identity.begin(), sc.identity.end(), [&key = k](const auto& p) { return p.first == key; }))
         detail::fail(index_path, "holds " + v + ", which this optimizer's layout does not have");
-    if (index.tp_size != tps)
-      detail::fail(index_path, "was written with tensor-parallel size " + std::to_string(index.tp_size) +
-                                   ", this optimizer has " + std::to_string(tps) + " (TP resharding is not supported)");
+    if (reshard)
+      for (const auto& [k, v] : sc.whole) {
+        const auto it = index.whole.find(k);
+        if (it == index.whole.end()) detail::fail(index_path, "records no whole " + k);
+        if (it->second != v)
+          detail::fail(index_path, "was written with whole " + k + " " + it->second + " (over its TP parts), this optimizer's is " + v);
+      }
     // What is restored: present and well-formed before anything changes.
     for (const auto& [k, v] : sc.state) {
       const auto it = index.state.find(k);
@@ -857,21 +1059,25 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         detail::fail(index_path, "state " + k + " = '" + it->second + "' is invalid: " + e.what());
       }
     }
-    // This TP part's files: sizes and header checksums first, then what they hold.
-    const auto& part = index.files[static_cast<std::size_t>(t)];
-    std::vector<detail::read_file> files(part.size());
+    // This TP part's files (every part's when resharding over TP): sizes and header
+    // checksums first, then what they hold.
+    std::vector<std::pair<int, const detail::file_record*>> listed;
+    for (int p = reshard ? 0 : t; p < (reshard ? index.tp_size : t + 1); ++p)
+      for (const auto& f : index.files[static_cast<std::size_t>(p)]) listed.emplace_back(p, &f);
+    std::vector<detail::read_file> files(listed.size());
     std::map<std::string, std::vector<detail::slice_record>, std::less<>> slices;
-    for (std::size_t q = 0; q < part.size(); ++q) {
-      const std::filesystem::path path = dir / part[q].name;
+    for (std::size_t q = 0; q < listed.size(); ++q) {
+      const detail::file_record& record = *listed[q].second;
+      const std::filesystem::path path = dir / record.name;
       files[q].path = path;
       std::error_code ec;
       const auto size = std::filesystem::file_size(path, ec);
       if (ec) detail::fail(path.string(), "missing (the index lists it): " + ec.message());
-      if (size != part[q].bytes)
-        detail::fail(path.string(), "has " + std::to_string(size) + " bytes, the index says " + std::to_string(part[q].bytes) +
-                                        (size < part[q].bytes ? " (truncated)" : ""));
+      if (size != record.bytes)
+        detail::fail(path.string(), "has " + std::to_string(size) + " bytes, the index says " + std::to_string(record.bytes) +
+                                        (size < record.bytes ? " (truncated)" : ""));
       auto [head, head_size] = safetensors_reader::read_header(path);
-      if (detail::xxh3(head.data(), head.size()) != part[q].header_hash)
+      if (detail::xxh3(head.data(), head.size()) != record.header_hash)
         detail::fail(path.string(), "header checksum mismatch: the file is corrupt");
       const auto header = safetensors_reader::from_header(path, std::move(head), head_size);
       const auto& meta = header.metadata();
@@ -889,6 +1095,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         const auto es = dtype_size(rec.dtype);
         if (ti.dtype != rec.dtype || !es || static_cast<std::uint64_t>(ti.numel()) != rec.count)
           detail::fail(path.string(), "tensor '" + name + "' does not match its distopt.items record");
+        rec.part = listed[q].first;
         rec.file = q;
         rec.offset = header.data_start() + ti.begin;
         rec.element_size = *es;
@@ -909,8 +1116,18 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
       else if (optional) it.load = slices.contains(it.name);  // a projection, once computed
       if (!it.load) continue;
       const auto found = slices.find(it.name);
-      if (found == slices.end()) detail::fail(dir.string(), "the checkpoint holds no '" + it.name + "'");
+      if (found == slices.end()) {
+        const bool q8 = it.name.ends_with(".codes") || it.name.ends_with(".absmax") || slices.contains(it.name + ".codes");
+        detail::fail(dir.string(), "the checkpoint holds no '" + it.name + "'" +
+                                       (reshard && q8 ? " (8-bit states are quantized where a tensor's TP part has at "
+                                                        "least min_8bit_size elements: this TP layout changes which are)"
+                                                      : ""));
+      }
       staged[k].reset(new std::byte[static_cast<std::size_t>(it.count * it.element_size)]);
+      if (reshard) {
+        detail::read_resharded(it, found->second, files, staged[k].get(), buffer);
+        continue;
+      }
       std::uint64_t covered = 0;
       for (const auto& s : found->second) {
         if (s.dtype != it.dtype || s.total != it.total)

@@ -16,6 +16,18 @@
 
 namespace distopt::detail {
 
+/// Where a vector sits under tensor parallelism: it is this TP part's `box` (row-major) of
+/// an array of shape `whole` that the parts split along one axis, or each hold entire (then
+/// box == whole), starting at `offset`. `whole`, `box` and `offset` have the same rank. A
+/// checkpoint reshards over TP through it: a part of another TP size reads its box from the
+/// boxes the saving parts wrote. Empty `whole`: the vector has no place in a TP-independent
+/// array (8-bit absmax of blocks that straddle a TP cut) and loads only on the TP layout
+/// that saved it.
+struct tp_box {
+  std::vector<std::int64_t> whole, box, offset;
+  bool operator==(const tp_box&) const = default;
+};
+
 /// One flat vector of state ("<tensor>/param", "<tensor>/state.0.codes", ...) of `total`
 /// elements, of which this rank holds [first, first + count).
 struct checkpoint_item {
@@ -25,6 +37,7 @@ struct checkpoint_item {
   std::uint64_t total = 0;           ///< elements of the whole vector
   std::vector<std::int64_t> shape;   ///< the whole vector's shape, for readers
   std::uint64_t first = 0, count = 0;
+  tp_box tp;                         ///< the whole vector's place under TP
   bool save = false;                 ///< this rank writes its slice (one writer per element)
   bool load = false;                 ///< this rank reads its slice on load
   const std::byte* source = nullptr; ///< count * element_size bytes, for save
@@ -40,6 +53,9 @@ struct checkpoint_item {
 struct checkpoint_scalars {
   std::vector<std::pair<std::string, std::string>> identity;
   std::vector<std::pair<std::string, std::string>> state;
+  /// Per tensor ("tensor NAME"): the whole tensor over the TP group, which must match when
+  /// a checkpoint loads on another TP layout (`identity` then describes the other parts).
+  std::vector<std::pair<std::string, std::string>> whole;
 };
 
 }  // namespace distopt::detail
