@@ -4,7 +4,7 @@
 // arbitrary text. Refusing it with checkpoint_error is fine; any other exception, a crash
 // or a sanitizer report is a bug. An accepted record must be what the loader relies on: a
 // slice inside its vector, a shape of non-negative dimensions holding `total` elements,
-// one checksum per chunk.
+// one checksum per chunk, and a TP box (when given) inside its whole array holding them.
 #include <distopt/checkpoint.hpp>
 
 #include <cstddef>
@@ -30,6 +30,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       FUZZ_CHECK(n == r.total);
       FUZZ_CHECK(r.hashes.size() == io::detail::chunk_count(r.first, r.count));
+      if (!r.tp.whole.empty()) {  // a TP box: inside its whole array, holding the vector's elements
+        FUZZ_CHECK(r.tp.box.size() == r.tp.whole.size() && r.tp.offset.size() == r.tp.whole.size());
+        unsigned __int128 cells = 1;
+        for (std::size_t a = 0; a < r.tp.whole.size(); ++a) {
+          FUZZ_CHECK(r.tp.box[a] >= 0 && r.tp.offset[a] >= 0 && r.tp.offset[a] <= r.tp.whole[a] &&
+                     r.tp.box[a] <= r.tp.whole[a] - r.tp.offset[a]);
+          cells *= static_cast<std::uint64_t>(r.tp.box[a]);
+        }
+        FUZZ_CHECK(cells == r.total);
+      }
     }
   } catch (const io::checkpoint_error&) {
   }

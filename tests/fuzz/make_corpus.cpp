@@ -180,6 +180,15 @@ int main(int argc, char** argv) {
   write_file(items / "wrong_types.json", R"({"w/param":{"dtype":4,"total":-6,"first":"0","shape":{},"xxh3":null}})");
   write_file(items / "deep_nesting.json", R"({"x":{"dtype":"F32","total":1,"first":0,"count":1,"shape":)" +
                                                nested(200) + R"(,"xxh3":["0000000000000000"]}})");
+  // TP boxes: one inside its whole array, and near-valid ones.
+  write_file(items / "tp_box.json",
+             R"({"x/state.0":{"dtype":"F32","total":12,"first":0,"count":12,"shape":[3,4],"xxh3":["0123456789abcdef"],"tp":{"whole":[3,8],"box":[3,4],"offset":[0,4]}}})");
+  write_file(items / "tp_box_outside.json",
+             R"({"x/state.0":{"dtype":"F32","total":12,"first":0,"count":12,"shape":[3,4],"xxh3":["0123456789abcdef"],"tp":{"whole":[3,8],"box":[3,4],"offset":[0,5]}}})");
+  write_file(items / "tp_box_rank_mismatch.json",
+             R"({"x/param":{"dtype":"F32","total":12,"first":0,"count":12,"shape":[12],"xxh3":["0123456789abcdef"],"tp":{"whole":[3,8],"box":[12],"offset":[0,0]}}})");
+  write_file(items / "tp_box_huge.json",
+             R"({"x/param":{"dtype":"F32","total":12,"first":0,"count":12,"shape":[12],"xxh3":["0123456789abcdef"],"tp":{"whole":[4611686018427387904,4611686018427387904],"box":[4611686018427387904,4611686018427387904],"offset":[0,0]}}})");
   write_file(items / "not_object.json", "[1, 2, 3]");
   write_file(items / "empty.json", "");
   std::cout << "make_corpus: wrote " << st << ", " << idx << " and " << items << "\n";
