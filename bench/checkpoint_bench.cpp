@@ -6,7 +6,10 @@
 //
 //   distopt-bench-checkpoint [--params N] [--ranks 1,2] [--precision fp32|bf16|both]
 //                            [--dir PATH] [--repeats R] [--settle S] [--breakdown on|off]
-//                            [--json FILE] [--label L]
+//                            [--json FILE] [--label L] [--tp-reshard SAVE:LOAD,LOAD...]
+//
+// --tp-reshard (only that) saves on a TP grid of size SAVE and times warm loads on each
+// TP size LOAD: the cost of resharding over TP against the same-TP load (tp_loads).
 //
 // Workload: AdamW with sharded<fp32> states over the GPT-like tensors of distopt-bench-step
 // (bench::gpt_like), d ranks as threads of this process (distopt::run_ranks), one executor
@@ -80,6 +83,9 @@ struct settings {
   double settle_s = 4;
   std::string json_path;
   std::string label;
+  /// --tp-reshard SAVE:LOAD,LOAD...: only the TP resharding loads (see tp_loads).
+  int save_tp = 0;
+  std::vector<int> load_tps;
 };
 
 constexpr std::size_t io_call = std::size_t{16} << 20;  // bytes per write()/read() of the disk test
@@ -679,11 +685,110 @@ std::string json(const result& r, const settings& s, int cores) {
   return out + "}";
 }
 
+/// --tp-reshard: a checkpoint saved on TP size `save_tp` loaded warm (right after the save,
+/// files in the page cache: memory work only) on each TP size of `load_tps`, DP 1, ranks as
+/// threads. The tensors are split as Megatron splits a GPT: qkv, fc, their biases and the
+/// embedding by rows (column-parallel, vocab-parallel), proj and fc_proj by columns
+/// (row-parallel), layer norms and "rest" whole. Loading on save_tp reads each part's own
+/// files (the path of every load before TP resharding); another TP size reads each rank's
+/// box from the parts holding it, in runs along rows.
+struct tp_load_row {
+  int save_tp = 0, load_tp = 0;
+  std::size_t bytes = 0;
+  double seconds = 0;
+  std::size_t same_bytes = 0;  // the checkpoint saved on load_tp itself, loaded there
+  double same_seconds = 0;
+};
+
+distopt::tp_split megatron_split(const std::string& name) {
+  if (name == "rest" || name.ends_with("ln1") || name.ends_with("ln2")) return distopt::tp_split::none;
+  return name.ends_with("proj") ? distopt::tp_split::cols : distopt::tp_split::rows;
+}
+
+/// Saves (when `save`) or loads `ckpt` R times on a TP grid of `tp`; the best load time.
+double tp_grid_run(const settings& s, const fs::path& ckpt, int tp, bool save) {
+  using opt_t = distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32>, distopt::threads>;
+  std::vector<double> times;
+  distopt::run_ranks(tp, [&](distopt::threads& world) {
+    const int t = world.rank();
+    std::optional<distopt::threads> tp_comm, timing;  // the TP group twice: the optimizer's, the barrier's
+    if (tp > 1) {
+      tp_comm.emplace(world.split(0, t));
+      timing.emplace(world.split(0, t));
+    }
+    distopt::threads dp = tp > 1 ? world.split(t, 0) : std::move(world);
+    distopt::layout l;
+    const distopt::layout whole = bench::gpt_like(s.params, distopt::dtype::f32);
+    for (const auto& x : whole.tensors()) {
+      auto shape = x.shape;
+      const distopt::tp_split split = tp > 1 ? megatron_split(x.name) : distopt::tp_split::none;
+      if (split == distopt::tp_split::rows) shape.front() /= tp;
+      if (split == distopt::tp_split::cols) shape.back() /= tp;
+      l.add(x.name, shape, distopt::dtype::f32, 0, split);
+    }
+    opt_t opt(l, distopt::adamw::hyper_params{}, {}, distopt::cpu(1), std::move(dp));
+    if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
+    const auto barrier = [&] {
+      std::array<double, 1> v{0};
+      if (timing) timing->all_reduce(std::span<double>(v), distopt::reduce_op::max);
+    };
+    if (save) {
+      auto p = opt.params();
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000003) * 1e-7f - 0.05f;
+      auto g = opt.grads();
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 40503u + static_cast<std::size_t>(t)) % 65521) * 1e-8f;
+      opt.step();
+      opt.save(ckpt);
+      return;
+    }
+    for (int r = 0; r < s.repeats; ++r) {
+      barrier();
+      const double t0 = now_s();
+      opt.load(ckpt);
+      barrier();
+      if (t == 0) times.push_back(now_s() - t0);
+    }
+  });
+  return best(times);
+}
+
+std::vector<tp_load_row> tp_loads(const settings& s, const fs::path& dir) {
+  const fs::path ckpt = dir / "ckpt-tp";
+  tp_grid_run(s, ckpt, s.save_tp, true);
+  const std::size_t bytes = dir_bytes(ckpt);
+  std::vector<tp_load_row> out;
+  for (int tp : s.load_tps) {
+    tp_load_row r{s.save_tp, tp, bytes, tp_grid_run(s, ckpt, tp, false), bytes, 0};
+    std::printf("# saved on TP %d, loaded warm on TP %d: %.3f s, %.3f GB/s\n", r.save_tp, r.load_tp, r.seconds,
+                gbps(static_cast<double>(bytes), r.seconds));
+    std::fflush(stdout);
+    const fs::path same = dir / ("ckpt-tp" + std::to_string(tp));
+    if (tp != s.save_tp) tp_grid_run(s, same, tp, true);
+    r.same_bytes = tp == s.save_tp ? bytes : dir_bytes(same);
+    r.same_seconds = tp == s.save_tp ? r.seconds : tp_grid_run(s, same, tp, false);
+    std::error_code ec;
+    fs::remove_all(same, ec);
+    out.push_back(r);
+  }
+  return out;
+}
+
+/// "1,2,4" -> {1, 2, 4}.
+std::vector<int> int_list(std::string_view rest) {
+  std::vector<int> out;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    out.push_back(std::atoi(std::string(rest.substr(0, comma)).c_str()));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return out;
+}
+
 int usage(const char* bad) {
   std::fprintf(stderr,
                "distopt-bench-checkpoint: %s\nusage: distopt-bench-checkpoint [--params N] [--ranks 1,2] "
                "[--precision fp32|bf16|both] [--dir PATH] [--repeats R] [--settle S] [--breakdown on|off] "
-               "[--json FILE] [--label L]\n",
+               "[--json FILE] [--label L] [--tp-reshard SAVE:LOAD,LOAD...]\n",
                bad);
   return 2;
 }
@@ -713,13 +818,13 @@ int main(int argc, char** argv) {
     else if (a == "--label") s.label = v;
     else if (a == "--breakdown") s.breakdown = std::string_view(v) != "off";
     else if (a == "--settle") s.settle_s = std::atof(v);
-    else if (a == "--ranks") {
-      s.ranks.clear();
-      for (std::string_view rest = v; !rest.empty();) {
-        const std::size_t comma = rest.find(',');
-        s.ranks.push_back(std::atoi(std::string(rest.substr(0, comma)).c_str()));
-        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      }
+    else if (a == "--ranks") s.ranks = int_list(v);
+    else if (a == "--tp-reshard") {
+      const std::string_view text = v;
+      const std::size_t colon = text.find(':');
+      if (colon == std::string_view::npos) return usage("--tp-reshard: SAVE:LOAD,LOAD...");
+      s.save_tp = std::atoi(std::string(text.substr(0, colon)).c_str());
+      s.load_tps = int_list(text.substr(colon + 1));
     } else return usage(("unknown option " + std::string(a)).c_str());
   }
   if (s.params == 0 || s.repeats < 1 || s.ranks.empty() || !(s.settle_s >= 0) ||
@@ -727,6 +832,9 @@ int main(int argc, char** argv) {
     return usage("invalid value");
   if (s.precision != "fp32" && s.precision != "bf16" && s.precision != "both")
     return usage("--precision: fp32, bf16 or both");
+  const auto tp_ok = [](int tp) { return tp >= 1 && tp <= 64 && 1024 % tp == 0; };  // every split dim divides
+  if (s.save_tp != 0 && (!tp_ok(s.save_tp) || s.load_tps.empty() || !std::all_of(s.load_tps.begin(), s.load_tps.end(), tp_ok)))
+    return usage("--tp-reshard: TP sizes must divide 1024");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   try {
     scratch dir{fs::path(s.dir) / ("distopt-bench-checkpoint-" + std::to_string(::getpid()))};
@@ -743,6 +851,20 @@ int main(int argc, char** argv) {
                 "memory was freed (the page cache reuses those pages)\n",
                 s.settle_s);
     std::fflush(stdout);
+    if (s.save_tp != 0) {
+      std::printf("TP resharding: fp32 AdamW saved on TP %d (DP 1), loaded warm (page cache) on each TP size, best "
+                  "of %d; Megatron's GPT splits\n", s.save_tp, s.repeats);
+      std::printf("same layout: a checkpoint saved on the loading TP size, loaded there (each part reads its own "
+                  "files): the load without resharding\n");
+      const auto rows = tp_loads(s, dir.path);
+      std::printf("| saved on TP | loaded on TP | bytes | load s | GB/s | same layout: bytes | load s | GB/s | time / same "
+                  "layout |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+      for (const auto& r : rows)
+        std::printf("| %d | %d | %zu | %.3f | %.3f | %zu | %.3f | %.3f | %.2f |\n", r.save_tp, r.load_tp, r.bytes,
+                    r.seconds, gbps(static_cast<double>(r.bytes), r.seconds), r.same_bytes, r.same_seconds,
+                    gbps(static_cast<double>(r.same_bytes), r.same_seconds), r.seconds / r.same_seconds);
+      return 0;
+    }
     std::vector<result> rows;
     const auto each = [&]<class P>(P*) {
       for (int d : s.ranks) rows.push_back(measure<P>(s, dir.path, d));
