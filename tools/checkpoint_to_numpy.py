@@ -57,21 +57,34 @@ def read_checkpoint(directory, tp=None):
     if tp is not None:
         part = read_part(directory, index, tp)
         return index, {name: as_float(v).reshape(shape) for name, (v, shape, _) in part.items()}
-    whole = {}
-    for p in range(index["tp_size"]):
-        for name, (values, shape, box) in read_part(directory, index, p).items():
+    parts = [read_part(directory, index, p) for p in range(index["tp_size"])]
+    if index["tp_size"] > 1 and all(box is None for part in parts for (_, _, box) in part.values()):
+        print("note: written before TP resharding (no tp records): TP part 0's arrays", file=sys.stderr)
+        return index, {name: as_float(v).reshape(shape) for name, (v, shape, _) in parts[0].items()}
+    whole, covered = {}, {}
+    for part in parts:
+        for name, (values, shape, box) in part.items():
             if box is None and index["tp_size"] == 1:  # files from before TP resharding, or a TP-cut absmax
                 whole[name] = values.reshape(shape)
-            elif box is None:
-                print(f"note: {name} has no place in a whole array (kept per TP part): left out", file=sys.stderr)
+                continue
+            if box is None:
+                if name not in whole:
+                    print(f"note: {name} has no place in a whole array (kept per TP part): left out", file=sys.stderr)
                 whole[name] = None
                 continue
             if name in whole and whole[name] is None:
                 continue
             if name not in whole:
                 whole[name] = np.zeros(box["whole"], dtype=values.dtype)
+                covered[name] = np.zeros(box["whole"], dtype=bool)
             cut = tuple(slice(o, o + b) for o, b in zip(box["offset"], box["box"]))
-            whole[name][cut] = values.reshape(box["box"])
+            # The lowest part holding an element gives it, as the C++ loader reads it.
+            fresh = ~covered[name][cut]
+            whole[name][cut][fresh] = values.reshape(box["box"])[fresh]
+            covered[name][cut] = True
+    for name, c in covered.items():
+        if whole[name] is not None and not c.all():
+            raise SystemExit(f"{name}: the TP parts' files leave {int((~c).sum())} elements of its whole array unwritten")
     return index, {name: as_float(a) for name, a in whole.items() if a is not None}
 
 

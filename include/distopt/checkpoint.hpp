@@ -45,6 +45,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -509,16 +510,18 @@ inline void read_resharded(const distopt::detail::checkpoint_item& it, const std
       left -= n;
     }
   }
+  // By slice, in order within each (a slice's runs ascend: both boxes are row-major). Each
+  // slice is read in windows of at most `window` elements plus the runs' tails, so that a
+  // rank needing a narrow band of columns of a wide part does not hold the whole part.
   std::stable_sort(runs.begin(), runs.end(), [](const run& a, const run& b) { return a.slice < b.slice; });
+  constexpr std::uint64_t window = 16 * checkpoint_chunk;
   std::vector<std::byte> data;
   const std::size_t es = it.element_size;
   for (std::size_t j = 0; j < runs.size();) {
     std::size_t k = j;
     std::uint64_t lo = runs[j].from, hi = runs[j].from + runs[j].count;
-    for (; k < runs.size() && runs[k].slice == runs[j].slice; ++k) {
-      lo = std::min(lo, runs[k].from);
+    for (; k < runs.size() && runs[k].slice == runs[j].slice && (k == j || runs[k].from < lo + window); ++k)
       hi = std::max(hi, runs[k].from + runs[k].count);
-    }
     const slice_record& s = slices[runs[j].slice];
     data.resize(static_cast<std::size_t>((hi - lo) * es));
     read_slice(files[s.file], s, lo, hi, data.data(), buffer, it.name);
@@ -585,6 +588,7 @@ struct checkpoint_access {
     const tensor_slot& t = o.layout_.tensors()[i];
     out.push_back(slice_item(t.name + "/" + suffix, std::move(st_dtype), sizeof(T), reinterpret_cast<std::byte*>(base),
                              total, first, count, std::move(shape), writes_tensor(o, i, whole)));
+    out.back().tensor = t.name;
     if (whole) out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(total)}, -1);
     else out.back().tp = tp_box_of(o, t.shape.empty() ? std::vector<std::int64_t>{1} : t.shape, element_axis(o, i));
   }
@@ -752,6 +756,7 @@ struct checkpoint_access {
             if (sizes[k] == 0) continue;
             distopt::detail::checkpoint_item it;
             it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
+            it.tensor = t.name;
             it.dtype = "F32";
             it.total = it.count = sizes[k];
             it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
@@ -1011,6 +1016,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
     // whole tensors must not, and every part's files are read.
     const bool can_reshard = !index.whole.empty();  // indexes written before TP resharding cannot
     bool reshard = index.tp_size != tps;
+    std::set<std::string, std::less<>> changed;  // tensors whose TP part differs from the saved one
     if (reshard && !can_reshard)
       detail::fail(index_path, "was written with tensor-parallel size " + std::to_string(index.tp_size) +
                                    ", this optimizer has " + std::to_string(tps) +
@@ -1021,8 +1027,10 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
       if (it == index.identity.end())
         detail::fail(index_path, k.starts_with("tensor ") ? "holds no " + k.substr(0, 6) + " '" + k.substr(7) + "'"
                                                           : "records no " + k);
-      if (it->second != v && k.starts_with("tensor ") && can_reshard) reshard = true;
-      else if (it->second != v)
+      if (it->second != v && k.starts_with("tensor ") && can_reshard) {
+        reshard = true;
+        changed.insert(k.substr(7));
+      } else if (it->second != v)
         detail::fail(index_path, "was written with " + k + " " + it->second + ", this optimizer has " + v);
     }
     for (const auto& [k, v] : index.identity)
@@ -1124,12 +1132,25 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
                                                       : ""));
       }
       staged[k].reset(new std::byte[static_cast<std::size_t>(it.count * it.element_size)]);
+      // Resharding over TP: a tensor whose part is as it was saved (unchanged identity, and
+      // this part was saved) is read from this part's files as without resharding; the
+      // others through their boxes.
       if (reshard) {
-        detail::read_resharded(it, found->second, files, staged[k].get(), buffer);
-        continue;
+        bool own = t < index.tp_size && !changed.contains(it.tensor);
+        bool any = false;
+        for (const auto& s : found->second)
+          if (s.part == t) {
+            any = true;
+            own = own && s.tp == it.tp;
+          }
+        if (!own || !any) {
+          detail::read_resharded(it, found->second, files, staged[k].get(), buffer);
+          continue;
+        }
       }
       std::uint64_t covered = 0;
       for (const auto& s : found->second) {
+        if (s.part != t) continue;
         if (s.dtype != it.dtype || s.total != it.total)
           detail::fail(files[s.file].path.string(), "'" + it.name + "' is " + s.dtype + " with " + std::to_string(s.total) +
                                                         " elements, this optimizer keeps " + it.dtype + " with " +

@@ -5,7 +5,8 @@
 // weights and states equal the uninterrupted unsplit run's bit for bit. Tensors are split
 // by rows and by columns, stacks of matrices by their first dim and by columns, and one
 // part of a cols-split matrix spans several checksum chunks (2^18 elements), so loads read
-// partial chunk ranges of other parts' files. Then the refusals: 8-bit absmax of blocks a
+// partial chunk ranges of other parts' files. A load at the same TP size with one tensor
+// split otherwise reshards that tensor only. Then the refusals: 8-bit absmax of blocks a
 // TP cut splits, and checkpoints from before TP resharding on another TP size.
 #include <boost/test/unit_test.hpp>
 
@@ -58,6 +59,9 @@ std::vector<tp_tensor> mixed_tensors() {
           {{3, 5, 16}, tp_split::cols},   // a stack split by columns
           {{9}, tp_split::none},          // replicated over TP
           {{7, 304}, tp_split::cols},     // rows that straddle DP cuts
+          {{4, 2, 3, 8}, tp_split::rows}, // a 4-D stack split by its first dim
+          {{2, 3, 4, 8}, tp_split::cols}, // a 4-D stack split by columns
+          {{12}, tp_split::cols},         // a vector split by its one (last) dim
           {{1040, 512}, tp_split::cols}}; // a TP-2 part spans two checksum chunks
 }
 
@@ -265,6 +269,29 @@ BOOST_AUTO_TEST_CASE(q8_blocks_cut_by_tp_are_refused) {
   // The same TP layout loads it.
   run_grid<adam, sharded<q8>, precision<float>>(xs, adam::hyper_params{}, {3, 2}, 2, 3, &dir.path, nullptr, &errors);
   for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+}
+
+BOOST_AUTO_TEST_CASE(same_tp_size_another_split) {
+  // One tensor split by rows when saved and by columns when loaded, at the same TP size: it
+  // is resharded; the others load from their own part's files as saved, among them an 8-bit
+  // tensor split by columns, whose absmax have no place in a whole array.
+  std::vector<tp_tensor> saved = {{{64, 96}, tp_split::cols},   // q8, cut by TP: loads only as saved
+                                  {{16, 32}, tp_split::rows},   // under min_8bit_size: fp32 states
+                                  {{4096}, tp_split::none},
+                                  {{9}, tp_split::none}};
+  auto loaded = saved;
+  loaded[1].split = tp_split::cols;
+  const adam::hyper_params h{};
+  const result reference = run_grid<adam, sharded<q8>, precision<float>>(loaded, h, {1, 2}, 0, 6, nullptr, nullptr);
+  scratch_dir dir("same-tp");
+  run_grid<adam, sharded<q8>, precision<float>>(saved, h, {1, 2}, 0, 3, nullptr, &dir.path);
+  const result resumed = run_grid<adam, sharded<q8>, precision<float>>(loaded, h, {2, 2}, 3, 6, &dir.path, nullptr);
+  BOOST_TEST(resumed.step == 6);
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    BOOST_TEST(resumed.params[i] == reference.params[i], "params of tensor " << i);
+    for (std::size_t k = 0; k < reference.states.size(); ++k)
+      BOOST_TEST(resumed.states[k][i] == reference.states[k][i], "state " << k << " of tensor " << i);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(checkpoints_without_whole_tensors_load_on_their_tp_size_only) {
