@@ -12,6 +12,7 @@
 #include <distopt/distopt.hpp>
 #ifdef DISTOPT_TEST_GALORE
 #include <distopt/policy/galore_adamw.hpp>
+#include <distopt/policy/muon.hpp>
 #endif
 
 #include <chrono>
@@ -289,6 +290,19 @@ BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
   optimizer_options o;
   o.min_8bit_size = 256;  // w2's 64 x 4 low-rank states are 8-bit
   check_resharding<galore_adamw, sharded<q8>>("galore-q8", galore_layout(), galore_groups(), o, 4, 4);
+}
+
+// Muon on the matrices of group 1 (its momentum, sharded like an element state), AdamW on
+// group 0 (two slots over the other tensors).
+BOOST_AUTO_TEST_CASE(muon_with_adamw_fp32) {
+  muon::hyper_params adamw;
+  adamw.use_muon = false;
+  adamw.lr = 3e-3;
+  adamw.weight_decay = 0.05;
+  muon::hyper_params m;
+  m.lr = 2e-2;
+  m.weight_decay = 0.05;
+  check_resharding<muon, sharded<fp32>>("muon", galore_layout(), {adamw, m}, {}, 4, 4);
 }
 #endif
 
