@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "scratch_dir.hpp"
 #include "sharded_harness.hpp"
 
 using namespace distopt;
@@ -37,21 +38,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A fresh directory, removed afterwards.
-struct scratch_dir {
-  fs::path path;
-  explicit scratch_dir(const std::string& tag) {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           std::string("distopt-ckpt-").append(std::to_string(::getpid())).append("-").append(tag).append("-").append(
-               std::to_string(counter++));
-    fs::remove_all(path);
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using harness::scratch_dir;
 
 /// Everything a run leaves: the harness's params/master/states plus the whole items
 /// (row and column states, projected states and projections) by name.

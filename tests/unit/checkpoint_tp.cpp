@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "layerwise_cases.hpp"
+#include "scratch_dir.hpp"
 #include "sharded_harness.hpp"
 
 using namespace distopt;
@@ -31,19 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct scratch_dir {
-  fs::path path;
-  explicit scratch_dir(const std::string& tag) {
-    static int counter = 0;
-    path = fs::temp_directory_path() / ("distopt-ckpt-tp-" + std::to_string(::getpid()) + "-" + tag + "-" +
-                                        std::to_string(counter++));
-    fs::remove_all(path);
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using harness::scratch_dir;
 
 struct tp_tensor {
   std::vector<std::int64_t> shape;  // the whole tensor
