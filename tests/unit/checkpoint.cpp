@@ -12,7 +12,7 @@
 #include <distopt/distopt.hpp>
 #ifdef DISTOPT_TEST_GALORE
 #include <distopt/policy/galore_adamw.hpp>
-#include <distopt/policy/muon.hpp>
+#include "muon_cases.hpp"
 #endif
 
 #include <chrono>
@@ -282,14 +282,7 @@ BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
 // Muon on the matrices of group 1 (its momentum, sharded like an element state), AdamW on
 // group 0 (two slots over the other tensors).
 BOOST_AUTO_TEST_CASE(muon_with_adamw_fp32) {
-  muon::hyper_params adamw;
-  adamw.use_muon = false;
-  adamw.lr = 3e-3;
-  adamw.weight_decay = 0.05;
-  muon::hyper_params m;
-  m.lr = 2e-2;
-  m.weight_decay = 0.05;
-  check_resharding<muon, sharded<fp32>>("muon", galore_layout(), {adamw, m}, {}, 4, 4);
+  check_resharding<muon, sharded<fp32>>("muon", galore_layout(), harness::muon_groups(), {}, 4, 4);
 }
 #endif
 

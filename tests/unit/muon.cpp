@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "muon_cases.hpp"
 #include "sharded_harness.hpp"
 
 using namespace distopt;
@@ -36,20 +37,7 @@ layout make_layout(dtype t, bool big = false) {
   return l;
 }
 
-std::vector<muon::hyper_params> groups(bool nesterov = true, muon_adjust_lr adjust = muon_adjust_lr::original,
-                                       muon_ns_dtype ns = muon_ns_dtype::fp32) {
-  muon::hyper_params adamw;
-  adamw.use_muon = false;
-  adamw.lr = 3e-3;
-  adamw.weight_decay = 0.05;
-  muon::hyper_params m;
-  m.lr = 2e-2;
-  m.weight_decay = 0.05;
-  m.nesterov = nesterov;
-  m.adjust_lr_fn = adjust;
-  m.ns_dtype = ns;
-  return {adamw, m};
-}
+using harness::muon_groups;
 
 // ---- float64 re-computation ----------------------------------------------------------
 
@@ -230,7 +218,7 @@ BOOST_AUTO_TEST_CASE(steps_match_float64_muon_and_adamw) {
   const layout l = make_layout(dtype::f32);
   for (bool nesterov : {true, false})
     for (auto adjust : {muon_adjust_lr::original, muon_adjust_lr::match_rms_adamw, muon_adjust_lr::spectral_unclamped}) {
-      const auto h = groups(nesterov, adjust);
+      const auto h = muon_groups(nesterov, adjust);
       const int steps = 30;
       const auto want = reference(l, h, steps);
       const harness::outcome got = run_single<precision<float>>(h, 2, steps);
@@ -251,7 +239,7 @@ BOOST_AUTO_TEST_CASE(steps_match_float64_muon_and_adamw) {
 
 BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
   for (auto ns : {muon_ns_dtype::fp32, muon_ns_dtype::bf16}) {
-    const auto h = groups(true, muon_adjust_lr::original, ns);
+    const auto h = muon_groups(true, muon_adjust_lr::original, ns);
     const harness::outcome one = run_single<precision<float>>(h, 1);
     BOOST_TEST((run_single<precision<float>>(h, 3) == one), "3 threads");
     for (int d = 1; d <= 8; ++d)
@@ -260,7 +248,7 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
   }
   // A matrix of several tiles, its Newton-Schulz over 1 or 3 threads, on 1 to 3 ranks.
   {
-    const auto h = groups();
+    const auto h = muon_groups();
     const harness::outcome one = run_single<precision<float>>(h, 1, 20, true);
     BOOST_TEST((run_single<precision<float>>(h, 3, 20, true) == one), "big, 3 threads");
     for (int d : {2, 3})
@@ -269,7 +257,7 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
   // bf16 grads reduced in fp32 (the momentum reads the fp32 shard, by local index), and
   // percentile clipping (each tensor's scale).
   {
-    const auto h = groups();
+    const auto h = muon_groups();
     optimizer_options o;
     o.grad_reduce_in_fp32 = true;
     const harness::outcome one = run_single<precision<bf16, bf16>>(h, 1, 20, false, o);
@@ -281,7 +269,7 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
     for (int d : {3, 8}) BOOST_TEST((run_ranks_<precision<float>>(d, h, 512, false, p) == clipped), "percentile, d = " << d);
   }
   // bf16 params with fp32 master weights, and bf16 states.
-  const auto h = groups();
+  const auto h = muon_groups();
   const harness::outcome one = run_single<precision<bf16>>(h, 1);
   for (int d : {2, 5, 8})
     BOOST_TEST((run_ranks_<precision<bf16>>(d, h, 512) == one), "bf16 params, d = " << d);
@@ -292,7 +280,7 @@ BOOST_AUTO_TEST_CASE(bit_identical_for_d_1_to_8_and_threads) {
 BOOST_AUTO_TEST_CASE(momentum_and_adamw_states_are_element_states) {
   // Two steps, torch's operation order in float: buf = lerp(buf, g, 0.05) (w < 0.5: buf +
   // w (g - buf)); AdamW's exp_avg = m + 0.1 (g - m), exp_avg_sq = v * 0.999 + (0.001 g) g.
-  const auto h = groups();
+  const auto h = muon_groups();
   const harness::outcome two = run_single<precision<float>>(h, 1, 2);
   const auto values = [&](std::size_t k, std::size_t t) {
     std::vector<float> v(two.states[k][t].size() / sizeof(float));
@@ -328,9 +316,9 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_stage_of_muon_buckets) {
   for (int d : {2, 3, 4}) {
     const layout l = make_layout(dtype::f32);
     using opt_t = optimizer<muon, sharded<fp32>, threads>;
-    auto adamw = groups();
+    auto adamw = muon_groups();
     adamw[1].use_muon = false;
-    const std::size_t sent = harness::three_steps_sent<opt_t>(l, groups(), d);
+    const std::size_t sent = harness::three_steps_sent<opt_t>(l, muon_groups(), d);
     const std::size_t expected = harness::gathered_bucket_bytes(l, d, [](const auto& t) { return t.group == 1; });
     BOOST_TEST(expected > 0u);
     BOOST_TEST(sent - harness::three_steps_sent<opt_t>(l, adamw, d) == 3 * expected, "d = " << d);
@@ -339,7 +327,7 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_stage_of_muon_buckets) {
 
 BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   const layout l = make_layout(dtype::f32);
-  optimizer<muon> opt(l, groups());
+  optimizer<muon> opt(l, muon_groups());
   // AdamW's two slots for b0 and norm only, one momentum for the matrices; the stage holds the
   // one bucket, the work the largest matrix's NS buffers (w0: two 30 x 40, two 30 x 30) and
   // its update.
@@ -372,7 +360,7 @@ BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   h.momentum = 1.0;
   BOOST_CHECK_THROW(h.validate(), invalid_hyper_parameter);
   // set_hyper cannot move a group into or out of Muon (its tensors' slots are fixed).
-  optimizer<muon> two(l, groups());
+  optimizer<muon> two(l, muon_groups());
   auto g0 = two.hyper(0);
   g0.use_muon = true;
   BOOST_CHECK_EXCEPTION(two.set_hyper(0, g0), std::invalid_argument, [](const auto& e) {
@@ -383,7 +371,7 @@ BOOST_AUTO_TEST_CASE(memory_report_and_refusals) {
   two.set_hyper(1, g1);  // other keys may change
   BOOST_TEST(two.hyper(1).lr == 0.5);
   // The text form reads back.
-  auto g = groups(false, muon_adjust_lr::match_rms_adamw, muon_ns_dtype::bf16)[1];
+  auto g = muon_groups(false, muon_adjust_lr::match_rms_adamw, muon_ns_dtype::bf16)[1];
   muon::hyper_params back;
   const std::string text = hyper_params_string<muon>(g);
   for (std::size_t at = 0; at < text.size();) {
