@@ -108,9 +108,9 @@ constexpr const char* usage_text =
     "--backend kokkos runs the optimizer through the Kokkos executor on Kokkos's default host\n"
     "execution space (one rank; its threads are Kokkos's, e.g. OMP_NUM_THREADS): the output\n"
     "equals --backend cpu's (the default) byte for byte.\n"
-    "--tp T (threads only) adds T tensor-parallel ranks per data-parallel rank: each matrix\n"
-    "is split over them by rows (dim 0) or, when its rows do not divide, by columns; the\n"
-    "output is the reassembled tensors.\n"
+    "--tp T adds T tensor-parallel ranks per data-parallel rank: each matrix is split over\n"
+    "them by rows (dim 0) or, when its rows do not divide, by columns; the output is the\n"
+    "reassembled tensors. With --comm mpi the world is the DP x TP grid (mpirun -np N*T).\n"
     "galore_adamw puts the 2-D tensors not named *.bias in a group with the GaLore keys\n"
     "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
     "plain group, as tests/reference/galore_cases.txt describes. muon likewise puts them in\n"
@@ -206,7 +206,6 @@ replay::config parse_args(int argc, char** argv, paths& io) {
   if (cfg.optimizer.empty()) throw replay::usage_error("--optimizer is required (see --help)");
   if (io.trace.empty()) throw replay::usage_error("--trace is required (see --help)");
   if (io.out.empty()) throw replay::usage_error("--out is required (see --help)");
-  if (cfg.tp > 1 && cfg.comm == "mpi") throw replay::usage_error("--tp: runs with --comm threads only");
   if (cfg.backend == "kokkos") {
     if (cfg.ranks > 0 || cfg.tp > 1 || cfg.comm == "mpi")
       throw replay::usage_error("--backend kokkos: distopt-replay runs one rank with it (no --ranks, --tp or --comm "
@@ -215,7 +214,7 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       throw replay::usage_error("--threads: sets the cpu backend's threads; --backend kokkos uses Kokkos's own "
                                 "(e.g. OMP_NUM_THREADS)");
   }
-  if (cfg.tp > 1 && cfg.ranks == 0) cfg.ranks = 1;  // a TP grid runs as threads
+  if (cfg.tp > 1 && cfg.ranks == 0 && cfg.comm != "mpi") cfg.ranks = 1;  // a TP grid runs as threads
   return cfg;
 }
 
@@ -297,9 +296,13 @@ int main(int argc, char** argv) {
     std::optional<distopt::mpi_session> session;
     if (mode == 2) {
       session.emplace(argc, argv);
-      if (cfg.ranks > 0 && cfg.ranks != distopt::mpi(MPI_COMM_WORLD).size())
-        throw replay::usage_error("--ranks " + std::to_string(cfg.ranks) + " differs from the MPI world size " +
-                                  std::to_string(distopt::mpi(MPI_COMM_WORLD).size()) + " (mpirun -np)");
+      const int world = distopt::mpi(MPI_COMM_WORLD).size();
+      if (cfg.ranks > 0 && cfg.ranks * cfg.tp != world)
+        throw replay::usage_error("--ranks " + std::to_string(cfg.ranks) + (cfg.tp > 1 ? " x --tp " + std::to_string(cfg.tp) : "") +
+                                  " differs from the MPI world size " + std::to_string(world) + " (mpirun -np)");
+      if (world % cfg.tp != 0)
+        throw replay::usage_error("--tp " + std::to_string(cfg.tp) + " does not divide the MPI world size " +
+                                  std::to_string(world) + " (mpirun -np)");
     }
     const bool writer = mode != 2 || distopt::mpi(MPI_COMM_WORLD).rank() == 0;
 #else

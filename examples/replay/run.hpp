@@ -252,8 +252,25 @@ result run_typed(const trace& tr, const config& cfg) {
 #endif
   } else {
 #ifdef DISTOPT_REPLAY_MPI
-    return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
-        tr, cfg, distopt::any_comm(distopt::mpi(MPI_COMM_WORLD)));
+    distopt::mpi world(MPI_COMM_WORLD);
+    if (cfg.tp == 1)
+      return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(tr, cfg,
+                                                                                       distopt::any_comm(std::move(world)));
+    // The world as the DP x TP grid, rank r = dp * tp + t, as with threads. The TP group
+    // twice: the optimizer's, and one that brings the parts together for the output.
+    const int dp = world.rank() / cfg.tp, t = world.rank() % cfg.tp;
+    distopt::mpi tp_comm = world.split(dp, t), parts_comm = world.split(dp, t), dp_comm = world.split(t, dp);
+    result mine = run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
+        tr, cfg, distopt::any_comm(std::move(dp_comm)), distopt::any_comm(std::move(tp_comm)), tp_place{t, cfg.tp});
+    std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
+    for (const auto& n : tr.names) {
+      std::vector<float> all(mine.at(n).size() * static_cast<std::size_t>(cfg.tp));
+      parts_comm.all_gather(std::span<const float>(mine.at(n)), std::span<float>(all));
+      for (int p = 0; p < cfg.tp; ++p)
+        parts[static_cast<std::size_t>(p)][n].assign(all.begin() + static_cast<std::ptrdiff_t>(p * mine.at(n).size()),
+                                                     all.begin() + static_cast<std::ptrdiff_t>((p + 1) * mine.at(n).size()));
+    }
+    return merge_tp_parts(tr, cfg, std::move(parts));
 #else
     static_assert(!std::is_same_v<Mode, mpi_mode>, "the mpi mode needs DISTOPT_REPLAY_MPI");
     return {};
