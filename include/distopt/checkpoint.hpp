@@ -391,16 +391,28 @@ inline void remove_stale(const std::filesystem::path& dir, const std::string& ge
   }
 }
 
-/// A file opened for reading slices.
+/// A file opened for reading slices, on first use: a rank resharding over TP may read from
+/// every part's files (TP x DP of them), so it holds only those of one item at a time open.
 struct read_file {
   std::filesystem::path path;
-  int fd = -1;
   read_file() = default;
   read_file(const read_file&) = delete;
   read_file& operator=(const read_file&) = delete;
-  ~read_file() {
-    if (fd >= 0) ::close(fd);
+  ~read_file() { close(); }
+  int handle() const {
+    if (fd_ < 0) {
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) fail(path.string(), std::string("cannot open: ") + std::strerror(errno));
+    }
+    return fd_;
   }
+  void close() const {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+private:
+  mutable int fd_ = -1;
 };
 
 /// Reads elements [a, b) of `s` (a slice in file `f`) into `out`, reading and checking
@@ -417,7 +429,7 @@ inline void read_slice(const read_file& f, const slice_record& s, std::uint64_t 
     buffer.resize(static_cast<std::size_t>((hi - lo) * es));
     dst = buffer.data();
   }
-  if (!::distopt::io::detail::read_at(f.fd, dst, static_cast<std::size_t>((hi - lo) * es), s.offset + (lo - s.first) * es))
+  if (!::distopt::io::detail::read_at(f.handle(), dst, static_cast<std::size_t>((hi - lo) * es), s.offset + (lo - s.first) * es))
     fail(f.path.string(), "cannot read '" + item + "'" + (errno ? std::string(": ") + std::strerror(errno) : ": file ends early"));
   for (std::uint64_t x = lo; x < hi;) {
     const std::uint64_t e = std::min(s.first + s.count, (x / c + 1) * c);
@@ -528,6 +540,7 @@ inline void read_resharded(const distopt::detail::checkpoint_item& it, const std
     for (; j < k; ++j)
       std::memcpy(out + runs[j].to * es, data.data() + (runs[j].from - lo) * es, static_cast<std::size_t>(runs[j].count * es));
   }
+  for (const run& r : runs) files[slices[r.slice].file].close();
 }
 
 }  // namespace detail
@@ -1109,8 +1122,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         rec.element_size = *es;
         slices[name].push_back(std::move(rec));
       }
-      files[q].fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (files[q].fd < 0) detail::fail(path.string(), std::string("cannot open: ") + std::strerror(errno));
+      if (!reshard) files[q].handle();  // this part's files, open while its items are read
     }
     // This rank's slices, read and checked into staging.
     const bool with_master = index.state.at("master_ready") == "true";

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "layerwise_cases.hpp"
@@ -281,6 +282,27 @@ BOOST_AUTO_TEST_CASE(same_tp_size_another_split) {
     for (std::size_t k = 0; k < reference.states.size(); ++k)
       BOOST_TEST(resumed.states[k][i] == reference.states[k][i], "state " << k << " of tensor " << i);
   }
+}
+
+BOOST_AUTO_TEST_CASE(resharding_holds_few_files_open) {
+  // Saved on DP 8 x TP 4 (32 rank files), loaded on TP 2 with a limit of 56 open files for
+  // the process: each of the 2 ranks opens only the files of the item it reads (holding
+  // all 32 each, as before, needs 64 and more).
+  scratch_dir dir("files");
+  const auto xs = mixed_tensors();
+  run_grid<adamw, sharded<fp32>, precision<float>>(xs, adamw_case(), {8, 4}, 0, 2, nullptr, &dir.path);
+  rlimit old{};
+  BOOST_TEST_REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_cur, 56);
+  BOOST_TEST_REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<std::string> errors;
+  const result resumed = run_grid<adamw, sharded<fp32>, precision<float>>(xs, adamw_case(), {1, 2}, 2, 4, &dir.path,
+                                                                         nullptr, &errors);
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  for (const auto& e : errors) BOOST_TEST(e.empty(), e);
+  const result reference = run_grid<adamw, sharded<fp32>, precision<float>>(xs, adamw_case(), {1, 1}, 0, 4, nullptr, nullptr);
+  BOOST_TEST((resumed.params == reference.params));
 }
 
 BOOST_AUTO_TEST_CASE(checkpoints_without_whole_tensors_load_on_their_tp_size_only) {
