@@ -128,7 +128,7 @@ struct slice_record {
   std::uint64_t total = 0, first = 0, count = 0;
   std::vector<std::int64_t> shape;
   std::vector<std::uint64_t> hashes;
-  distopt::detail::tp_box tp;  // empty in files of distopt before 0.?: loads on the saving TP layout only
+  distopt::detail::tp_box tp;  // empty in files written before TP resharding: loads on the saving TP layout only
   // Filled by the loader from the safetensors header.
   int part = 0;  // the TP part whose files hold it
   std::size_t file = 0;
