@@ -587,7 +587,7 @@ struct checkpoint_access {
   template <class Opt>
   static int element_axis(const Opt& o, std::size_t i) {
     const tensor_slot& t = o.layout_.tensors()[i];
-    if (t.shape.empty() || t.tp == tp_split::none) return -1;
+    if (t.tp == tp_split::none) return -1;  // (layout::add refuses empty shapes)
     return t.tp == tp_split::rows ? 0 : static_cast<int>(t.shape.size()) - 1;
   }
 
@@ -603,7 +603,7 @@ struct checkpoint_access {
                              total, first, count, std::move(shape), writes_tensor(o, i, whole)));
     out.back().tensor = t.name;
     if (whole) out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(total)}, -1);
-    else out.back().tp = tp_box_of(o, t.shape.empty() ? std::vector<std::int64_t>{1} : t.shape, element_axis(o, i));
+    else out.back().tp = tp_box_of(o, t.shape, element_axis(o, i));
   }
 
   /// add_slice_item for a slice of the optimizer's buffers. In device memory it is saved
@@ -811,9 +811,9 @@ struct checkpoint_access {
     for (std::size_t i = 0; i < o.layout_.tensors().size(); ++i) {
       const tensor_slot& t = o.layout_.tensors()[i];
       id("tensor " + t.name, distopt::detail::describe_tensor(t));
-      const auto whole = tp_box_of(o, t.shape, element_axis(o, i)).whole;
-      s.whole.emplace_back("tensor " + t.name, "'" + t.name + "' " + shape_string(whole) + " " +
-                                                   std::string(dtype_name(t.dtype)) + " group " + std::to_string(t.group));
+      // Without the TP split: a tensor split otherwise on load is resharded, not refused.
+      s.whole.emplace_back("tensor " + t.name,
+                           distopt::detail::describe_tensor_shape(t, tp_box_of(o, t.shape, element_axis(o, i)).whole));
     }
     const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
     st("step", std::to_string(o.step_));

@@ -180,12 +180,9 @@ struct layer_engine {
     const std::size_t i = o.index_of(name);
     const layer_tensor& t = lt_[i];
     if (!t.local || !((t.slot_mask >> k) & 1u)) return {};
-    const auto& pieces = o.plan_.pieces();
-    std::size_t n = 0;
-    for (std::size_t c = t.first_piece; c < t.end_piece; ++c) n += pieces[c].count;
     return {typename Opt::template view<const State>(
-                o.states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], n),
-            pieces[t.first_piece].layout - o.layout_.tensors()[i].offset};
+                o.states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], o.plan_.local_count(i)),
+            o.plan_.pieces()[t.first_piece].layout - o.layout_.tensors()[i].offset};
   }
 
   template <class Opt>

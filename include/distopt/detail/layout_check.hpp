@@ -22,6 +22,8 @@ namespace distopt::detail {
 
 /// "'w' [4, 5] f32 group 0 tp none": one tensor as the error names it.
 DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t);
+/// describe_tensor without the TP split, with `shape` in place of the slot's.
+DISTOPT_CORE_FN std::string describe_tensor_shape(const tensor_slot& t, const std::vector<std::int64_t>& shape);
 
 inline std::uint64_t fnv1a(std::uint64_t h, const std::string& s) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
@@ -54,9 +56,13 @@ void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
 }
 
 #if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN std::string describe_tensor_shape(const tensor_slot& t, const std::vector<std::int64_t>& shape) {
+  return "'" + t.name + "' " + shape_string(shape) + " " + std::string(dtype_name(t.dtype)) + " group " +
+         std::to_string(t.group);
+}
+
 DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t) {
-  return "'" + t.name + "' " + shape_string(t.shape) + " " + std::string(dtype_name(t.dtype)) + " group " +
-         std::to_string(t.group) + " tp " + tp_split_name(t.tp);
+  return describe_tensor_shape(t, t.shape) + " tp " + tp_split_name(t.tp);
 }
 
 DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
