@@ -186,6 +186,7 @@ concept communicator =
       c.all_reduce(d, op);
       c.all_gather(cf, f);
       c.reduce_scatter(cf, f, op);
+      c.reduce(cf, f, op, root);
       c.broadcast(f, root);
       { cc.bytes_sent() } -> std::convertible_to<std::size_t>;
     };
@@ -199,6 +200,7 @@ concept async_communicator =
       { c.iall_reduce(f, op) } -> std::same_as<comm_request>;
       { c.iall_gather(cf, f) } -> std::same_as<comm_request>;
       { c.ireduce_scatter(cf, f, op) } -> std::same_as<comm_request>;
+      { c.ireduce(cf, f, op, root) } -> std::same_as<comm_request>;
       { c.ibroadcast(f, root) } -> std::same_as<comm_request>;
     };
 

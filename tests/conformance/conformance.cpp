@@ -80,6 +80,7 @@ struct communicator_without_all_reduce {
   int size() const { return 1; }
   void all_gather(std::span<const float>, std::span<float>) {}
   void reduce_scatter(std::span<const float>, std::span<float>, distopt::reduce_op) {}
+  void reduce(std::span<const float>, std::span<float>, distopt::reduce_op, int) {}
   void broadcast(std::span<float>, int) {}
   std::size_t bytes_sent() const { return 0; }
 };

@@ -353,6 +353,40 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_scatter_every_op, T, all_types) {
       }
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_to_every_root, T, all_types) {
+  // The root gets the reduction (exact inputs: any order gives these bits); the others'
+  // out is not written; in place on the root; blocking and started.
+  mpi world(MPI_COMM_WORLD);
+  const int d = world.size(), r = world.rank();
+  for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1025}})
+    for (const reduce_op op : ops)
+      for (int root = 0; root < d; ++root)
+        for (const bool async : {false, true}) {
+          const auto input = [&](int q, std::size_t len) { return exact_input<T>(q, len, 31 + n); };
+          const std::vector<T> in = input(r, n);
+          const std::vector<T> want = expected_reduction<T>(d, 0, n, op, input);
+          const T marker = T(-5.0f);
+          std::vector<T> out(n, marker);  // full size on every rank: only the root's is written
+          const auto run = [&](std::span<const T> a, std::span<T> b) {
+            if (async) world.ireduce(a, b, op, root).wait();
+            else world.reduce(a, b, op, root);
+          };
+          run(std::span<const T>(in), std::span<T>(out));
+          const std::vector<T> expect_out = r == root ? want : std::vector<T>(n, marker);
+          BOOST_CHECK_MESSAGE(same_bits(out, expect_out), (async ? "ireduce<" : "reduce<")
+                                                              << type_name<T>() << "> " << op_name(op) << " n=" << n
+                                                              << " root " << root << " on rank " << r << ": "
+                                                              << first_difference(out, expect_out));
+          std::vector<T> buf = in;
+          run(std::span<const T>(buf), std::span<T>(buf));
+          const std::vector<T> expect_buf = r == root ? want : in;
+          BOOST_CHECK_MESSAGE(same_bits(buf, expect_buf), "in-place " << (async ? "ireduce<" : "reduce<")
+                                                                      << type_name<T>() << "> " << op_name(op)
+                                                                      << " n=" << n << " root " << root << " on rank "
+                                                                      << r << ": " << first_difference(buf, expect_buf));
+        }
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_from_every_root, T, all_types) {
   mpi world(MPI_COMM_WORLD);
   const int d = world.size(), r = world.rank();
@@ -587,7 +621,10 @@ BOOST_AUTO_TEST_CASE(bytes_sent_follows_the_ring_model) {
   std::vector<double> dd(n, 3.0);
   distopt::comm_request r4 = world.ibroadcast(std::span<double>(dd), 0);
   step(ur == 0 && ud > 1 ? n * sizeof(double) : 0);
-  distopt::wait_all(r1, r2, r3, r4);
+  std::vector<float> part(m, 1.0f), sum(ur == 0 ? m : 0);
+  distopt::comm_request r5 = world.ireduce(std::span<const float>(part), std::span<float>(sum), reduce_op::sum, 0);
+  step(ur == 0 || ud == 1 ? 0 : m * sizeof(float));  // every rank but the root sends its part
+  distopt::wait_all(r1, r2, r3, r4, r5);
   BOOST_TEST(got == expected, boost::test_tools::per_element());
   // Summed over ranks, all_reduce sends exactly 2 (d-1) N s, like a ring.
   const double mine = static_cast<double>(ar * sizeof(float));
@@ -625,6 +662,12 @@ BOOST_AUTO_TEST_CASE(bad_sizes_throw_invalid_argument_on_the_rank) {
              "distopt::mpi::broadcast: root " + sd + " does not exist in a group of " + sd + " ranks");
   BOOST_TEST(invalid_argument_of([&] { world.ibroadcast(std::span<bf16>(h), -1).wait(); }) ==
              "distopt::mpi::ibroadcast: root -1 does not exist in a group of " + sd + " ranks");
+  BOOST_TEST(invalid_argument_of([&] {
+               world.reduce(std::span<const double>(small), std::span<double>(big), reduce_op::sum, r);
+             }) == "distopt::mpi::reduce: out has " + std::to_string(2 * d + 1) + " elements on the root but in has 2");
+  BOOST_TEST(invalid_argument_of([&] {
+               world.ireduce(std::span<const double>(small), std::span<double>(small), reduce_op::sum, d).wait();
+             }) == "distopt::mpi::ireduce: root " + sd + " does not exist in a group of " + sd + " ranks");
   // Overlapping buffers other than the one allowed aliasing.
   std::vector<float> buf(2 * ud);
   const std::size_t wrong = r == 0 ? 1 : 0;  // never this rank's slice

@@ -112,6 +112,16 @@ void collectives(nccl& c, std::size_t n) {
     // In place: out is this rank's slice of in (all of it, with one rank).
     c.reduce_scatter(in.cspan(), in.span().subspan(static_cast<std::size_t>(c.rank()) * n, n), op);
     check(same_bits(in.download(), x), "in-place reduce_scatter " + op_name(op) + " " + tag);
+
+    out.poison();
+    c.reduce(in.cspan(), out.span().subspan(0, n), op, 0);
+    check(same_bits(out.download(), x), "reduce " + op_name(op) + " " + tag + " is not the input");
+    out.poison();
+    r = c.ireduce(in.cspan(), out.span().subspan(0, n), op, 0);
+    r.wait();
+    check(same_bits(out.download(), x), "ireduce " + op_name(op) + " " + tag + " is not the input");
+    c.reduce(in.cspan(), in.span(), op, 0);  // in place on the root
+    check(same_bits(in.download(), x), "in-place reduce " + op_name(op) + " " + tag);
   }
 
   in.upload(x);
@@ -182,6 +192,10 @@ void errors(nccl& c) {
       "distopt::nccl::reduce_scatter: in has 7 elements but size() * out = 1 * 4 = 4");
   check_throws<std::invalid_argument>([&] { c.broadcast(all, 1); },
                                       "distopt::nccl::broadcast: root 1 does not exist in a group of 1 ranks");
+  check_throws<std::invalid_argument>([&] { c.reduce(call.subspan(0, 4), all.subspan(8, 4), reduce_op::sum, 1); },
+                                      "distopt::nccl::reduce: root 1 does not exist in a group of 1 ranks");
+  check_throws<std::invalid_argument>([&] { (void)c.ireduce(call.subspan(0, 4), all.subspan(8, 3), reduce_op::max, 0); },
+                                      "distopt::nccl::reduce: out has 3 elements on the root but in has 4");
   check_throws<std::invalid_argument>([&] { (void)c.ibroadcast(all, -1); },
                                       "distopt::nccl::broadcast: root -1 does not exist in a group of 1 ranks");
   check_throws<std::invalid_argument>([&] { c.all_gather(call.subspan(0, 4), all.subspan(2, 4)); },

@@ -58,6 +58,11 @@ class blocking_only {
     ++calls;
   }
   template <class T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op, int) {
+    std::copy(in.begin(), in.end(), out.begin());
+    ++calls;
+  }
+  template <class T>
   void broadcast(std::span<T>, int) {
     ++calls;
   }
@@ -111,6 +116,14 @@ void check_type(int d, bool async) {
       run([&] { any.reduce_scatter(std::span<const T>(in), std::span<T>(b2), op); },
           [&] { return any.ireduce_scatter(std::span<const T>(in), std::span<T>(b2), op); });
       note("reduce_scatter", same_bits(a2, b2));
+
+      // reduce to the last rank, the others passing no out.
+      const int to = d - 1;
+      std::vector<T> a3(r == to ? n : 0), b3(a3.size());
+      bare.reduce(std::span<const T>(in).first(n), std::span<T>(a3), op, to);
+      run([&] { any.reduce(std::span<const T>(in).first(n), std::span<T>(b3), op, to); },
+          [&] { return any.ireduce(std::span<const T>(in).first(n), std::span<T>(b3), op, to); });
+      note("reduce", same_bits(a3, b3));
     }
     std::vector<T> mine(n), a(n * static_cast<std::size_t>(d)), b(a.size());
     for (std::size_t i = 0; i < n; ++i) mine[i] = value<T>(r, i);

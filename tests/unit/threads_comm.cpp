@@ -287,6 +287,57 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(all_gather_and_reduce_scatter, T, gather_types) {
   }
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(reduce_to_every_root, T, all_types) {
+  // The root gets the rank-order reduction (all_reduce's bits); the others' out, empty or
+  // not, is left alone; in place on the root as well.
+  constexpr std::size_t n = 777;
+  for (int d = 1; d <= max_ranks; ++d) {
+    const auto ud = static_cast<std::size_t>(d);
+    std::vector<std::vector<T>> ins;
+    for (int r = 0; r < d; ++r) ins.push_back(make_input<T>(r, n, 23));
+    struct seen {
+      std::vector<std::vector<T>> out, in_place;
+      std::vector<T> untouched;
+    };
+    std::vector<seen> got(ud);
+    const T marker = T(-7.0f);
+    run_ranks(d, [&](threads& c) {
+      const auto r = static_cast<std::size_t>(c.rank());
+      seen& g = got[r];
+      for (int root = 0; root < d; ++root)
+        for (reduce_op op : ops) {
+          std::vector<T> out(c.rank() == root ? n : 0);
+          c.reduce(std::span<const T>(ins[r]), std::span<T>(out), op, root);
+          g.out.push_back(std::move(out));
+          std::vector<T> buf = ins[r];
+          c.reduce(std::span<const T>(buf), std::span<T>(buf), op, root);  // in place on the root
+          g.in_place.push_back(std::move(buf));
+        }
+      // A non-root's out of the full size is not written.
+      g.untouched.assign(n, marker);
+      c.reduce(std::span<const T>(ins[r]), std::span<T>(g.untouched), reduce_op::sum, 0);
+    });
+    std::size_t k = 0;
+    for (int root = 0; root < d; ++root)
+      for (reduce_op op : ops) {
+        std::vector<T> expected(n);
+        for (std::size_t i = 0; i < n; ++i) expected[i] = reduce_reference(ins, 0, i, op);
+        const auto ur = static_cast<std::size_t>(root);
+        BOOST_CHECK_MESSAGE(same_bits(got[ur].out[k], expected), "reduce " << op_name(op) << " d=" << d << " root " << root);
+        BOOST_CHECK_MESSAGE(same_bits(got[ur].in_place[k], expected),
+                            "in-place reduce " << op_name(op) << " d=" << d << " root " << root);
+        for (std::size_t r = 0; r < ud; ++r)
+          if (r != ur) {
+            BOOST_CHECK_MESSAGE(got[r].out[k].empty(), "reduce wrote a non-root's out");
+            BOOST_CHECK_MESSAGE(same_bits(got[r].in_place[k], ins[r]), "reduce changed a non-root's in");
+          }
+        ++k;
+      }
+    for (std::size_t r = 1; r < ud; ++r)
+      BOOST_CHECK_MESSAGE(same_bits(got[r].untouched, std::vector<T>(n, marker)), "reduce wrote rank " << r << "'s out, d=" << d);
+  }
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(broadcast_from_every_root, T, gather_types) {
   constexpr std::size_t n = 1000;
   for (int d = 1; d <= max_ranks; ++d) {
@@ -401,6 +452,9 @@ BOOST_AUTO_TEST_CASE(bytes_sent_follows_the_ring_model) {
       std::vector<bf16> h(n, bf16(1.0f));
       c.broadcast(std::span<bf16>(h), c.size() - 1);
       b.push_back(c.bytes_sent());
+      std::vector<float> contribution(m, 1.0f), total(c.rank() == 0 ? m : 0);
+      c.reduce(std::span<const float>(contribution), std::span<float>(total), reduce_op::sum, 0);
+      b.push_back(c.bytes_sent());
     });
     std::size_t all_reduce_total = 0;
     for (std::size_t r = 0; r < ud; ++r) {
@@ -410,7 +464,8 @@ BOOST_AUTO_TEST_CASE(bytes_sent_follows_the_ring_model) {
       const std::size_t rs = (ud - 1) * m * sizeof(float);
       const std::size_t ag = (ud - 1) * g * sizeof(double);
       const std::size_t bc = (r == ud - 1 && d > 1) ? n * sizeof(bf16) : 0;
-      const std::vector<std::size_t> expected = {0, ar, ar + rs, ar + rs + ag, ar + rs + ag + bc};
+      const std::size_t re = r == 0 ? 0 : m * sizeof(float);  // every rank but the root sends its part
+      const std::vector<std::size_t> expected = {0, ar, ar + rs, ar + rs + ag, ar + rs + ag + bc, ar + rs + ag + bc + re};
       BOOST_TEST(bytes[r] == expected, boost::test_tools::per_element());
       all_reduce_total += ar;
     }
@@ -528,13 +583,23 @@ BOOST_AUTO_TEST_CASE(mismatched_calls_throw_invalid_argument_on_every_rank) {
       std::vector<float> v(2);
       c.broadcast(std::span<float>(v), d);
     });
+    // reduce: the ranks name different roots.
+    attempt([&] {
+      std::vector<float> in(3), out(3);
+      c.reduce(std::span<const float>(in), std::span<float>(out), reduce_op::sum, c.rank() == 2 ? 1 : 0);
+    });
+    // reduce: the root's out is short (the others' out does not matter).
+    attempt([&] {
+      std::vector<float> in(3), out(c.rank() == 1 ? 2 : 0);
+      c.reduce(std::span<const float>(in), std::span<float>(out), reduce_op::max, 1);
+    });
     // The group still works after all of that.
     float x = static_cast<float>(c.rank());
     c.all_reduce(std::span<float>(&x, 1), reduce_op::sum);
     after[static_cast<std::size_t>(c.rank())] = x;
   });
   const std::vector<std::string>& m = messages[0];
-  BOOST_TEST_REQUIRE(m.size() == 5u);
+  BOOST_TEST_REQUIRE(m.size() == 7u);
   for (int r = 1; r < d; ++r)
     BOOST_TEST(messages[static_cast<std::size_t>(r)] == m, boost::test_tools::per_element());
   for (const std::string& s : m) BOOST_TEST_MESSAGE(s);
@@ -548,6 +613,8 @@ BOOST_AUTO_TEST_CASE(mismatched_calls_throw_invalid_argument_on_every_rank) {
   BOOST_TEST(contains(m[2], "out has 11 elements but size() * in = 4 * 3 = 12"));
   BOOST_TEST(contains(m[3], "rank 1: all_reduce<double>(2, sum)"));
   BOOST_TEST(contains(m[4], "root 4 does not exist"));
+  BOOST_TEST(contains(m[5], "rank 2: reduce<float>(in 3, out 3, sum, root 1)"));
+  BOOST_TEST(contains(m[6], "out has 2 elements on the root (rank 1) but in has 3"));
   for (float v : after) BOOST_TEST(v == 6.0f);
 }
 

@@ -31,10 +31,10 @@ namespace detail {
 
 /// One collective call, with its element type as a value rather than a template argument.
 struct erased_call {
-  enum class kind : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast } what;
+  enum class kind : std::uint8_t { all_reduce, all_gather, reduce_scatter, reduce, broadcast } what;
   enum class number : std::uint8_t { f32, f64, bf16, f16 } type;
   bool async;
-  const void* in;   // all_gather, reduce_scatter: the input; otherwise unused
+  const void* in;   // all_gather, reduce_scatter, reduce: the input; otherwise unused
   void* out;        // the output (all_reduce, broadcast: the data, in place)
   std::size_t in_n, out_n;
   reduce_op op;
@@ -86,6 +86,7 @@ class erased_comm_for final : public erased_comm {
           case K::all_reduce: return c_.iall_reduce(out, c.op);
           case K::all_gather: return c_.iall_gather(in, out);
           case K::reduce_scatter: return c_.ireduce_scatter(in, out, c.op);
+          case K::reduce: return c_.ireduce(in, out, c.op, c.root);
           case K::broadcast: return c_.ibroadcast(out, c.root);
         }
       }
@@ -94,6 +95,7 @@ class erased_comm_for final : public erased_comm {
       case K::all_reduce: c_.all_reduce(out, c.op); break;
       case K::all_gather: c_.all_gather(in, out); break;
       case K::reduce_scatter: c_.reduce_scatter(in, out, c.op); break;
+      case K::reduce: c_.reduce(in, out, c.op, c.root); break;
       case K::broadcast: c_.broadcast(out, c.root); break;
     }
     return {};
@@ -140,6 +142,10 @@ class any_comm {
     call<T>(kind::reduce_scatter, false, in.data(), in.size(), out.data(), out.size(), op, 0);
   }
   template <comm_element T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    call<T>(kind::reduce, false, in.data(), in.size(), out.data(), out.size(), op, root);
+  }
+  template <comm_element T>
   void broadcast(std::span<T> data, int root) {
     call<T>(kind::broadcast, false, nullptr, 0, data.data(), data.size(), reduce_op::sum, root);
   }
@@ -155,6 +161,10 @@ class any_comm {
   template <comm_element T>
   comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     return call<T>(kind::reduce_scatter, true, in.data(), in.size(), out.data(), out.size(), op, 0);
+  }
+  template <comm_element T>
+  comm_request ireduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    return call<T>(kind::reduce, true, in.data(), in.size(), out.data(), out.size(), op, root);
   }
   template <comm_element T>
   comm_request ibroadcast(std::span<T> data, int root) {

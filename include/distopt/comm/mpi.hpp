@@ -274,6 +274,7 @@ class mpi_session {
 ///   all_reduce      (N + (d-2) * c_r) * s if d > 1, else 0
 ///   reduce_scatter  (d-1) * out.size() * s
 ///   all_gather      (d-1) * in.size() * s
+///   reduce          N * s on every rank but the root, 0 on the root
 ///   broadcast       N * s on the root if d > 1, else 0
 ///   split           0
 /// An i-form counts when it starts.
@@ -332,6 +333,13 @@ class mpi {
   void reduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     start_reduce_scatter(in, out, op, "reduce_scatter", false);
   }
+  /// Reduces `in` over the ranks into `out` on rank `root` (in.size() elements there; the
+  /// others' `out` is not touched and may be empty). The root's `out` may be its `in`
+  /// (then MPI_IN_PLACE); otherwise they must not overlap (std::invalid_argument).
+  template <comm_element T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    start_reduce(in, out, op, root, "reduce", false);
+  }
   /// Copies `root`'s `data` into every rank's `data`.
   template <comm_element T>
   void broadcast(std::span<T> data, int root) {
@@ -352,6 +360,11 @@ class mpi {
   template <comm_element T>
   comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     return start_reduce_scatter(in, out, op, "ireduce_scatter", true);
+  }
+  /// reduce, started (MPI_Ireduce).
+  template <comm_element T>
+  comm_request ireduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    return start_reduce(in, out, op, root, "ireduce", true);
   }
   /// broadcast, started (MPI_Ibcast).
   template <comm_element T>
@@ -507,6 +520,45 @@ class mpi {
     return launch(std::move(p), what, async, (d - 1) * m * sizeof(T), [&](MPI_Request* req) {
       return req ? MPI_Ireduce_scatter_block(send, recv, count, type, mop, comm_, req)
                  : MPI_Reduce_scatter_block(send, recv, count, type, mop, comm_);
+    });
+  }
+
+  template <comm_element T>
+  comm_request start_reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root, const char* what,
+                            bool async) {
+    if (root < 0 || root >= size_)
+      throw std::invalid_argument(prefix(what) + "root " + std::to_string(root) + " does not exist in a group of " +
+                                  std::to_string(size_) + " ranks");
+    const std::size_t n = in.size();
+    const int count = checked_count(what, "in", n);
+    const bool me = root == rank_;
+    if (me && out.size() != n)
+      throw std::invalid_argument(prefix(what) + "out has " + std::to_string(out.size()) +
+                                  " elements on the root but in has " + std::to_string(n));
+    const bool in_place = me && n != 0 && static_cast<const T*>(out.data()) == in.data();
+    if (me && !in_place && overlap(in.data(), n, static_cast<const T*>(out.data()), n))
+      throw std::invalid_argument(prefix(what) + "out overlaps in but is not the same elements");
+    auto p = std::make_unique<detail::mpi_pending<T>>(what, rank_);
+    p->out = me ? out.data() : nullptr;
+    p->n = me ? n : 0;
+    p->divisor = me && op == reduce_op::avg ? size_ : 0;
+    const void* send = in_place ? MPI_IN_PLACE : static_cast<const void*>(in.data());
+    void* recv = me ? out.data() : nullptr;
+    MPI_Datatype type = detail::mpi_datatype<T>(what, rank_);
+    MPI_Op mop = MPI_SUM;
+    if (op == reduce_op::max) mop = detail::mpi_max_op<T>(what, rank_);
+    if constexpr (detail::mpi_half_type<T>) {
+      if (op != reduce_op::max) {
+        // Summed in a float copy (on the root, in place: the result is rounded into `out`).
+        float* wide = p->widen(in.data(), n);
+        send = me ? MPI_IN_PLACE : static_cast<const void*>(wide);
+        recv = me ? wide : nullptr;
+        type = MPI_FLOAT;
+      }
+    }
+    return launch(std::move(p), what, async, me || size_ == 1 ? 0 : n * sizeof(T), [&](MPI_Request* req) {
+      return req ? MPI_Ireduce(send, recv, count, type, mop, root, comm_, req)
+                 : MPI_Reduce(send, recv, count, type, mop, root, comm_);
     });
   }
 

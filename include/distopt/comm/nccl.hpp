@@ -226,6 +226,7 @@ bool ranges_overlap(const T* a, std::size_t na, const T* b, std::size_t nb) noex
 ///                   (N/d, plus one for the first N mod d ranks); 0 for d = 1
 ///   reduce_scatter  (d-1) * out.size() * s
 ///   all_gather      (d-1) * in.size() * s
+///   reduce          N * s on every rank but the root, 0 on the root
 ///   broadcast       N * s on the root when d > 1, 0 on the others
 ///   split           0
 /// It is what a bandwidth-optimal ring sends, a model for comparing layouts, not a count
@@ -319,6 +320,14 @@ class nccl {
     run_blocking(reduce_scatter_launch(in, out, op));
   }
 
+  /// Reduces `in` over the ranks into `out` on rank `root` (in.size() elements there; the
+  /// others' `out` is not touched and may be empty). The root's `out` may be its `in`;
+  /// otherwise they must not overlap.
+  template <nccl_element T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    run_blocking(reduce_launch(in, out, op, root));
+  }
+
   /// Copies `root`'s `data` into every rank's `data`.
   template <nccl_element T>
   void broadcast(std::span<T> data, int root) {
@@ -338,6 +347,10 @@ class nccl {
   template <nccl_element T>
   comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     return run_async(reduce_scatter_launch(in, out, op));
+  }
+  template <nccl_element T>
+  comm_request ireduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    return run_async(reduce_launch(in, out, op, root));
   }
   template <nccl_element T>
   comm_request ibroadcast(std::span<T> data, int root) {
@@ -446,6 +459,26 @@ class nccl {
     return detail::make_nccl_launch("ncclReduceScatter", m, bytes, [in, out, op, c = comm(), s = stream()] {
       return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_data_type<T>(),
                                detail::nccl_reduce_op(op), c, s);
+    });
+  }
+
+  template <nccl_element T>
+  auto reduce_launch(std::span<const T> in, std::span<T> out, reduce_op op, int root) const {
+    if (root < 0 || root >= size_)
+      throw std::invalid_argument("distopt::nccl::reduce: root " + std::to_string(root) +
+                                  " does not exist in a group of " + std::to_string(size_) + " ranks");
+    const std::size_t n = in.size();
+    const bool me = root == rank_;
+    if (me && out.size() != n)
+      throw std::invalid_argument("distopt::nccl::reduce: out has " + std::to_string(out.size()) +
+                                  " elements on the root but in has " + std::to_string(n));
+    if (me && static_cast<const T*>(out.data()) != in.data() &&
+        detail::ranges_overlap(in.data(), n, static_cast<const T*>(out.data()), n))
+      throw std::invalid_argument("distopt::nccl::reduce: out overlaps in but is not the same elements");
+    const std::size_t bytes = me ? 0 : n * sizeof(T);
+    return detail::make_nccl_launch("ncclReduce", n, bytes, [in, out, op, root, me, c = comm(), s = stream()] {
+      return ncclReduce(in.data(), me ? out.data() : nullptr, in.size(), detail::nccl_data_type<T>(),
+                        detail::nccl_reduce_op(op), root, c, s);
     });
   }
 

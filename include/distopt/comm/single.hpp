@@ -40,12 +40,18 @@ class single {
     if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
   }
 
+  /// Reduce `in` over ranks into the root's `out`: with one rank (the root, 0), a copy.
+  template <class T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op, int root) {
+    check_root("reduce", root);
+    check_sizes("reduce", in.size(), out.size());
+    if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+  }
+
   /// Broadcast from `root`, which must be 0.
   template <class T>
   void broadcast(std::span<T>, int root) {
-    if (root != 0)
-      throw std::invalid_argument("distopt::single::broadcast: root " + std::to_string(root) +
-                                  " does not exist in a group of one rank");
+    check_root("broadcast", root);
   }
 
   /// Asynchronous forms: with one rank the work is done at once and the request is complete.
@@ -65,6 +71,11 @@ class single {
     return {};
   }
   template <class T>
+  comm_request ireduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    reduce(in, out, op, root);
+    return {};
+  }
+  template <class T>
   comm_request ibroadcast(std::span<T> data, int root) {
     broadcast(data, root);
     return {};
@@ -74,6 +85,11 @@ class single {
   std::size_t bytes_sent() const noexcept { return 0; }
 
  private:
+  static void check_root(const char* what, int root) {
+    if (root != 0)
+      throw std::invalid_argument(std::string("distopt::single::") + what + ": root " + std::to_string(root) +
+                                  " does not exist in a group of one rank");
+  }
   static void check_sizes(const char* what, std::size_t in, std::size_t out) {
     if (in != out)
       throw std::invalid_argument(std::string("distopt::single::") + what + ": input has " +

@@ -85,13 +85,14 @@ void run_ranks(int d, F&& f, std::chrono::milliseconds timeout = std::chrono::se
 namespace detail {
 
 /// What a rank entered; compared across ranks to catch mismatched calls.
-enum class collective_kind : unsigned char { all_reduce, all_gather, reduce_scatter, broadcast, split };
+enum class collective_kind : unsigned char { all_reduce, all_gather, reduce_scatter, reduce, broadcast, split };
 
 inline const char* collective_name(collective_kind k) noexcept {
   switch (k) {
   case collective_kind::all_reduce: return "all_reduce";
   case collective_kind::all_gather: return "all_gather";
   case collective_kind::reduce_scatter: return "reduce_scatter";
+  case collective_kind::reduce: return "reduce";
   case collective_kind::broadcast: return "broadcast";
   case collective_kind::split: return "split";
   }
@@ -139,7 +140,7 @@ struct collective_call {
   void* scratch = nullptr;  // all_reduce: where this rank leaves its reduced chunk
   std::size_t in_n = 0;
   std::size_t out_n = 0;
-  int root = 0;             // broadcast: the root; split: the color
+  int root = 0;             // broadcast, reduce: the root; split: the color
   int key = 0;              // split: the key
 };
 
@@ -295,6 +296,10 @@ inline std::string describe_call(int rank, const collective_call& c) {
   switch (c.kind) {
   case collective_kind::all_reduce: s += std::to_string(c.in_n) + ", " + reduce_op_name(c.op); break;
   case collective_kind::broadcast: s += std::to_string(c.in_n) + ", root " + std::to_string(c.root); break;
+  case collective_kind::reduce:
+    s += "in " + std::to_string(c.in_n) + ", out " + std::to_string(c.out_n) + ", " + reduce_op_name(c.op) + ", root " +
+         std::to_string(c.root);
+    break;
   case collective_kind::reduce_scatter:
     s += "in " + std::to_string(c.in_n) + ", out " + std::to_string(c.out_n) + ", " + reduce_op_name(c.op);
     break;
@@ -313,10 +318,13 @@ inline std::string check_calls(const std::vector<collective_call>& calls) {
   for (const collective_call& c : calls) {
     agree = agree && c.kind == c0.kind;
     if (c0.kind == collective_kind::split) continue;
-    agree = agree && std::string_view(c.type) == c0.type && c.in_n == c0.in_n && c.out_n == c0.out_n;
-    if (c0.kind == collective_kind::all_reduce || c0.kind == collective_kind::reduce_scatter)
+    agree = agree && std::string_view(c.type) == c0.type && c.in_n == c0.in_n;
+    // reduce: only the root's out is written, the others may pass any (an empty one).
+    if (c0.kind != collective_kind::reduce) agree = agree && c.out_n == c0.out_n;
+    if (c0.kind == collective_kind::all_reduce || c0.kind == collective_kind::reduce_scatter ||
+        c0.kind == collective_kind::reduce)
       agree = agree && c.op == c0.op;
-    if (c0.kind == collective_kind::broadcast) agree = agree && c.root == c0.root;
+    if (c0.kind == collective_kind::broadcast || c0.kind == collective_kind::reduce) agree = agree && c.root == c0.root;
   }
   if (!agree) {
     const bool same_kind = std::all_of(calls.begin(), calls.end(),
@@ -339,9 +347,13 @@ inline std::string check_calls(const std::vector<collective_call>& calls) {
              " * " + std::to_string(c0.out_n) + " = " + std::to_string(d * c0.out_n);
     break;
   case collective_kind::broadcast:
+  case collective_kind::reduce:
     if (c0.root < 0 || static_cast<std::size_t>(c0.root) >= d)
       return prefix + "root " + std::to_string(c0.root) + " does not exist in a group of " + std::to_string(d) +
              " ranks";
+    if (c0.kind == collective_kind::reduce && calls[static_cast<std::size_t>(c0.root)].out_n != c0.in_n)
+      return prefix + "out has " + std::to_string(calls[static_cast<std::size_t>(c0.root)].out_n) +
+             " elements on the root (rank " + std::to_string(c0.root) + ") but in has " + std::to_string(c0.in_n);
     break;
   case collective_kind::split:
     for (std::size_t r = 0; r < d; ++r)
@@ -571,6 +583,23 @@ class thread_rank {
   }
 
   template <comm_element T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    const std::size_t d = static_cast<std::size_t>(size()), n = in.size();
+    std::vector<const T*> ins(d);
+    collective_call call{collective_kind::reduce, comm_type_name<T>(), op,
+                         in.data(), out.data(), nullptr, in.size(), out.size(), root, 0};
+    std::unique_lock lock = enter(call);
+    lock.unlock();
+    // Only the root works: it reads every rank's `in`, which stays untouched until phase().
+    if (root == rank_) {
+      peer_pointers(ins, [](const collective_call& c) { return static_cast<const T*>(c.in); });
+      reduce_rank_order(out.data(), ins.data(), d, n, op);
+    }
+    phase(lock);
+    if (root != rank_) bytes_sent_.fetch_add(n * sizeof(T), std::memory_order_relaxed);
+  }
+
+  template <comm_element T>
   void broadcast(std::span<T> data, int root) {
     collective_call call{collective_kind::broadcast, comm_type_name<T>(), reduce_op::sum,
                          data.data(), data.data(), nullptr, data.size(), data.size(), root, 0};
@@ -716,7 +745,7 @@ class thread_rank {
 /// computed once per element and copied, so it is bit-identical on every rank and for
 /// every run. `avg` is that sum divided by size(). `max` propagates NaN.
 ///
-/// Asynchronous forms. iall_reduce, iall_gather, ireduce_scatter and ibroadcast take what
+/// Asynchronous forms. iall_reduce, iall_gather, ireduce_scatter, ireduce and ibroadcast take what
 /// the blocking forms take, return a comm_request at once, and run the blocking form on
 /// the handle's worker thread while the caller computes: same bits, same byte count. The
 /// buffers must stay alive and untouched until wait() returns (or test() is true).
@@ -747,6 +776,8 @@ class thread_rank {
 ///                   ranks' figures always add up to exactly 2 (d-1) N s.
 ///   reduce_scatter  (d-1) * out.size() * s   ((d-1)/d of the full input)
 ///   all_gather      (d-1) * in.size() * s    ((d-1)/d of the full output)
+///   reduce          N * s on every rank but the root (each contributes its data once), 0
+///                   on the root: (d-1) N s in all, as reduce_scatter's over its ranks
 ///   broadcast       N * s on the root (it injects the data once), 0 on the others
 ///   split           0 (metadata only)
 /// It is also exactly what this implementation reads from this rank's buffers on behalf of
@@ -798,6 +829,15 @@ class threads {
     self_->reduce_scatter(in, out, op);
   }
 
+  /// Reduces `in` over the ranks into `out` on rank `root` (in.size() elements there; the
+  /// others' `out` is not touched and may be empty). The root's `out` may be its `in`;
+  /// otherwise they must not overlap.
+  template <comm_element T>
+  void reduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    self_->drain();
+    self_->reduce(in, out, op, root);
+  }
+
   /// Copies `root`'s `data` into every rank's `data`.
   template <comm_element T>
   void broadcast(std::span<T> data, int root) {
@@ -824,6 +864,13 @@ class threads {
   comm_request ireduce_scatter(std::span<const T> in, std::span<T> out, reduce_op op) {
     detail::thread_rank* s = self_.get();
     return s->post([s, in, out, op] { s->reduce_scatter(in, out, op); });
+  }
+
+  /// Starts reduce(in, out, op, root); see "Asynchronous forms" in the class docs.
+  template <comm_element T>
+  comm_request ireduce(std::span<const T> in, std::span<T> out, reduce_op op, int root) {
+    detail::thread_rank* s = self_.get();
+    return s->post([s, in, out, op, root] { s->reduce(in, out, op, root); });
   }
 
   /// Starts broadcast(data, root); see "Asynchronous forms" in the class docs.
