@@ -94,8 +94,8 @@ constexpr const char* usage_text =
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
     "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
     "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
-    "                      [--comm threads|mpi] [--save-at K DIR] [--resume DIR]\n"
-    "                      [--backend cpu|kokkos]\n"
+    "                      [--comm threads|mpi] [--placement sharded|owned]\n"
+    "                      [--save-at K DIR] [--resume DIR] [--backend cpu|kokkos]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
@@ -111,6 +111,9 @@ constexpr const char* usage_text =
     "--tp T adds T tensor-parallel ranks per data-parallel rank: each matrix is split over\n"
     "them by rows (dim 0) or, when its rows do not divide, by columns; the output is the\n"
     "reassembled tensors. With --comm mpi the world is the DP x TP grid (mpirun -np N*T).\n"
+    "--placement owned (galore_adamw, muon; on --ranks or --comm mpi) puts each matrix they\n"
+    "update whole on one data-parallel rank (distopt::owned): its grads are reduced to that\n"
+    "rank, which alone projects or orthogonalises it, and broadcasts the new params.\n"
     "galore_adamw puts the 2-D tensors not named *.bias in a group with the GaLore keys\n"
     "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
     "plain group, as tests/reference/galore_cases.txt describes. muon likewise puts them in\n"
@@ -181,6 +184,10 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--tp") {
       cfg.tp = parse_int(a, value());
       if (cfg.tp < 1 || cfg.tp > 64) throw replay::usage_error("--tp: must be between 1 and 64");
+    } else if (a == "--placement") {
+      cfg.placement = value();
+      if (cfg.placement != "sharded" && cfg.placement != "owned")
+        throw replay::usage_error("--placement: unknown placement '" + cfg.placement + "' (sharded or owned)");
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -214,7 +221,14 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       throw replay::usage_error("--threads: sets the cpu backend's threads; --backend kokkos uses Kokkos's own "
                                 "(e.g. OMP_NUM_THREADS)");
   }
-  if (cfg.tp > 1 && cfg.ranks == 0 && cfg.comm != "mpi") cfg.ranks = 1;  // a TP grid runs as threads
+  if (cfg.placement == "owned") {
+    if (cfg.optimizer != "galore_adamw" && cfg.optimizer != "muon")
+      throw replay::usage_error("--placement owned: only galore_adamw and muon update whole matrices (--optimizer " +
+                                cfg.optimizer + " runs sharded)");
+    if (cfg.backend == "kokkos") throw replay::usage_error("--placement owned: runs on --ranks or --comm mpi, not --backend kokkos");
+  }
+  if ((cfg.tp > 1 || cfg.placement == "owned") && cfg.ranks == 0 && cfg.comm != "mpi")
+    cfg.ranks = 1;  // a TP grid, and owned placement, run as threads
   return cfg;
 }
 

@@ -216,7 +216,7 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
 }
 
 /// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
-/// world) with sharded state; kokkos: one rank through the Kokkos executor (--backend kokkos).
+/// world) with sharded (or owned) state; kokkos: one rank through the Kokkos executor (--backend kokkos).
 /// The threads and mpi modes hold their communicator in a `distopt::any_comm`, so that they
 /// share one optimizer type per (policy, dtypes, state): the communicator is chosen at run
 /// time, and each collective costs one indirect call more.
@@ -224,6 +224,17 @@ struct single_mode {};
 struct threads_mode {};
 struct mpi_mode {};
 struct kokkos_mode {};
+
+/// One data-parallel rank of several: sharded state, or with --placement owned (GaLore and
+/// Muon only) each whole matrix on one rank (distopt::owned).
+template <class Policy, class State, class Param, class Grad, class... Args>
+result run_dp_rank(const trace& tr, const config& cfg, Args&&... args) {
+  if constexpr (distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>) {
+    if (cfg.placement == "owned")
+      return run_rank<Policy, distopt::owned<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+  }
+  return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+}
 
 template <class Policy, class Mode, class State, class Param, class Grad>
 result run_typed(const trace& tr, const config& cfg) {
@@ -237,8 +248,8 @@ result run_typed(const trace& tr, const config& cfg) {
       std::optional<distopt::any_comm> tp_comm;
       if (cfg.tp > 1) tp_comm.emplace(world.split(dp, t));
       distopt::threads dp_comm = cfg.tp > 1 ? world.split(t, dp) : std::move(world);
-      result r = run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
-          tr, cfg, distopt::any_comm(std::move(dp_comm)), std::move(tp_comm), tp_place{t, cfg.tp});
+      result r = run_dp_rank<Policy, State, Param, Grad>(tr, cfg, distopt::any_comm(std::move(dp_comm)),
+                                                         std::move(tp_comm), tp_place{t, cfg.tp});
       if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
     return merge_tp_parts(tr, cfg, std::move(parts));
@@ -254,14 +265,14 @@ result run_typed(const trace& tr, const config& cfg) {
 #ifdef DISTOPT_REPLAY_MPI
     distopt::mpi world(MPI_COMM_WORLD);
     if (cfg.tp == 1)
-      return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(tr, cfg,
-                                                                                       distopt::any_comm(std::move(world)));
+      return run_dp_rank<Policy, State, Param, Grad>(tr, cfg, distopt::any_comm(std::move(world)));
     // The world as the DP x TP grid, rank r = dp * tp + t, as with threads. The TP group
     // twice: the optimizer's, and one that brings the parts together for the output.
     const int dp = world.rank() / cfg.tp, t = world.rank() % cfg.tp;
     distopt::mpi tp_comm = world.split(dp, t), parts_comm = world.split(dp, t), dp_comm = world.split(t, dp);
-    result mine = run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(
-        tr, cfg, distopt::any_comm(std::move(dp_comm)), distopt::any_comm(std::move(tp_comm)), tp_place{t, cfg.tp});
+    result mine = run_dp_rank<Policy, State, Param, Grad>(tr, cfg, distopt::any_comm(std::move(dp_comm)),
+                                                          std::optional<distopt::any_comm>(distopt::any_comm(std::move(tp_comm))),
+                                                          tp_place{t, cfg.tp});
     std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
     for (const auto& n : tr.names) {
       std::vector<float> all(mine.at(n).size() * static_cast<std::size_t>(cfg.tp));

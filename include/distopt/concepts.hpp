@@ -165,6 +165,14 @@ concept state_storage = std::same_as<typename S::storage_concept, storage_tag> &
                           { S::is_sharded } -> std::convertible_to<bool>;
                         };
 
+/// Whether storage S places whole matrices on one rank each (`owned`): it says so with
+/// `static constexpr bool owns_matrices = true`.
+template <class S>
+constexpr bool storage_owns_matrices() {
+  if constexpr (requires { S::owns_matrices; }) return S::owns_matrices;
+  else return false;
+}
+
 /// A storage that can hold the state of policy P.
 template <class S, class P>
 concept state_storage_for = state_storage<S> && optimizer_policy<P>;

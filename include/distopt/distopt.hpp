@@ -27,6 +27,7 @@
 #include "policy/sgd.hpp"
 #include "space.hpp"
 #include "step_info.hpp"
+#include "storage/owned.hpp"
 #include "storage/q8.hpp"
 #include "storage/replicated.hpp"
 #include "storage/sharded.hpp"

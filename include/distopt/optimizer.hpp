@@ -196,7 +196,9 @@ DISTOPT_CORE_FN void percentile_history(std::span<std::array<float, 100>> histor
 /// rank holds the full params and grads. With `replicated` storage every rank also holds
 /// all master weights and states, and the grads are all-reduced; with `sharded` storage
 /// each rank holds 1/d of them, the grads are reduce-scattered, and the updated params
-/// all-gathered. The result does not depend on d or on the thread count, bit for bit.
+/// all-gathered; with `owned` storage the matrices GaLore or Muon update whole belong to
+/// one rank each (their grads reduced to it, their params broadcast from it) and the other
+/// tensors are sharded. The result does not depend on d or on the thread count, bit for bit.
 template <class Policy, class Storage = replicated<fp32>, class Comm = single, class Exec = cpu,
           class Precision = precision<float>>
 class optimizer {
@@ -220,6 +222,12 @@ class optimizer {
   static constexpr bool orthogonalizes = orthogonalizes_matrices<Policy>;
   /// True for policies whose step needs per-tensor, per-row or per-column statistics.
   static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
+  /// True for `owned` storage: each matrix of a projected or orthogonalised group lives
+  /// whole on one rank.
+  static constexpr bool owns_matrices = storage_owns_matrices<Storage>();
+  static_assert(!owns_matrices || projects || orthogonalizes,
+                "distopt::owned<...> places the matrices that GaLore projects and Muon orthogonalises, each "
+                "on one rank; this policy updates no whole matrices: use distopt::sharded<...>");
   static_assert(!is_layerwise || detail::engine_included<Policy, detail::layer_engine_tag>::value,
                 "distopt::optimizer: a layer-wise policy needs #include <distopt/detail/layer_engine.hpp> "
                 "(the policy headers lamb.hpp, adafactor.hpp and came.hpp include it)");
@@ -274,7 +282,7 @@ class optimizer {
 
     const int d = comm_.size();
     plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
-                               options_.bucket_elems, chunk_elems);
+                               options_.bucket_elems, chunk_elems, owned_tensors());
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
     params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
     grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
@@ -490,7 +498,8 @@ class optimizer {
   }
 
   /// Combines the ranks' grads (all-reduce when replicated, reduce-scatter into the local
-  /// shard when sharded). `clip_grad_norm` and `step` call it when it has not been called
+  /// shard when sharded; owned buckets: a reduce to each owner of its matrices, blocking).
+  /// `clip_grad_norm` and `step` call it when it has not been called
   /// since the last step; call it yourself to control when communication happens. After
   /// it, the grads outside this rank's shard are no longer meaningful (sharded).
   void reduce_grads() {
@@ -512,12 +521,13 @@ class optimizer {
         widen.src = grads_.data() + b.buffer_begin;
         widen.dst = st;
         detail::launch(exec_, widen.items(), widen);
-        reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_elems),
-                             op, k, false);
+        reduce_bucket<float>(std::span<float>(st, n),
+                             std::span<float>(grads32_.data() + b.local_begin, b.shard_size(plan_.rank())), op, k, false);
       } else {
         grad_type* g = grads_.data() + b.buffer_begin;
         reduce_bucket<grad_type>(std::span<grad_type>(g, n),
-                                 std::span<grad_type>(g + plan_.rank() * b.shard_elems, b.shard_elems), op, k, true);
+                                 std::span<grad_type>(g + b.shard_begin(plan_.rank()), b.shard_size(plan_.rank())), op,
+                                 k, true);
       }
     }
   }
@@ -693,6 +703,24 @@ class optimizer {
     double norm, coef;
   };
 
+  /// `owned` storage: which tensors are placed whole on one rank (the matrices of the
+  /// groups the policy projects or orthogonalises; the engines refuse other shapes there).
+  std::vector<char> owned_tensors() const {
+    std::vector<char> owned;
+    if constexpr (owns_matrices) {
+      const auto tensors = layout_.tensors();
+      owned.assign(tensors.size(), 0);
+      for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const hyper_params& h = groups_[static_cast<std::size_t>(tensors[i].group)];
+        bool whole = false;
+        if constexpr (projects) whole = Policy::projects(h);
+        else whole = Policy::orthogonalizes(h);
+        owned[i] = whole && tensors[i].shape.size() == 2;
+      }
+    }
+    return owned;
+  }
+
   bool uses_master() const noexcept {
     return !std::is_same_v<param_type, float> && options_.master_weights;
   }
@@ -704,6 +732,7 @@ class optimizer {
   /// so that later buckets' reductions overlap earlier buckets' updates.
   template <class T>
   void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op, std::size_t k, bool async) {
+    if (plan_.buckets()[k].owned()) return reduce_owned(bucket, mine, op, plan_.buckets()[k]);
     if constexpr (stages_collectives) {
       const std::span<T> in = staged<T>(stage_in_, bucket.size());
       detail::copy_bytes(exec_, in.data(), bucket.data(), bucket.size_bytes());
@@ -736,13 +765,55 @@ class optimizer {
     }
   }
 
+  /// An owned bucket's reduction: one reduce to each owner of its run of tensors
+  /// (blocking). `mine` is this rank's run, in place in `bucket` or elsewhere.
+  template <class T>
+  void reduce_owned(std::span<T> bucket, std::span<T> mine, reduce_op op, const detail::shard_bucket& b) {
+    const std::size_t me = plan_.rank();
+    const auto each_owner = [&](std::span<T> all, std::span<T> own) {
+      for (std::size_t r = 0; r < b.shards; ++r)
+        if (b.shard_size(r) != 0)
+          comm_.reduce(std::span<const T>(all.subspan(b.shard_begin(r), b.shard_size(r))),
+                       r == me ? own : std::span<T>(), op, static_cast<int>(r));
+    };
+    if constexpr (stages_collectives) {
+      const std::span<T> in = staged<T>(stage_in_, bucket.size());
+      const std::span<T> out = staged<T>(stage_out_, mine.size());
+      detail::copy_bytes(exec_, in.data(), bucket.data(), bucket.size_bytes());
+      each_owner(in, out);
+      detail::copy_bytes(exec_, mine.data(), out.data(), mine.size_bytes());
+    } else {
+      [[maybe_unused]] const auto open = detail::collective_scope(exec_);
+      each_owner(bucket, mine);
+    }
+  }
+
+  /// An owned bucket's params: each owner broadcasts its run of tensors (blocking).
+  void gather_owned(const detail::shard_bucket& b) {
+    const auto each_owner = [&](param_type* p) {
+      for (std::size_t r = 0; r < b.shards; ++r)
+        if (b.shard_size(r) != 0) comm_.broadcast(std::span<param_type>(p + b.shard_begin(r), b.shard_size(r)), static_cast<int>(r));
+    };
+    param_type* p = params_.data() + b.buffer_begin;
+    if constexpr (stages_collectives) {
+      const std::span<param_type> host = staged<param_type>(stage_out_, b.padded());
+      detail::copy_bytes(exec_, host.data(), p, host.size_bytes());
+      each_owner(host.data());
+      detail::copy_bytes(exec_, p, host.data(), host.size_bytes());
+    } else {
+      [[maybe_unused]] const auto open = detail::collective_scope(exec_);
+      each_owner(p);
+    }
+  }
+
   /// Sharded: all-gathers bucket `k`'s params, asynchronously when `async` and the
   /// communicator can (the request is kept in pending_[k]).
   void start_gather(std::size_t k, bool async) {
     if (!is_sharded || comm_.size() == 1) return;
     const detail::shard_bucket& b = plan_.buckets()[k];
+    if (b.owned()) return gather_owned(b);
     param_type* p = params_.data() + b.buffer_begin;
-    const std::span<const param_type> in(p + plan_.rank() * b.shard_elems, b.shard_elems);
+    const std::span<const param_type> in(p + b.shard_begin(plan_.rank()), b.shard_size(plan_.rank()));
     const std::span<param_type> out(p, b.padded());
     if constexpr (stages_collectives) {
       const std::span<param_type> host_in = staged<param_type>(stage_in_, in.size());
@@ -839,7 +910,7 @@ class optimizer {
     const tensor_slot& t = layout_.tensors()[i];
     for (const detail::shard_bucket& bk : plan_.buckets()) {
       if (i < bk.first_tensor || i >= bk.end_tensor) continue;
-      const std::size_t lo = bk.layout_begin + plan_.rank() * bk.shard_elems, hi = lo + bk.shard_elems;
+      const std::size_t lo = bk.layout_begin + bk.shard_begin(plan_.rank()), hi = lo + bk.shard_size(plan_.rank());
       const std::size_t a = std::max(lo, t.offset), e = std::min(hi, t.offset + t.numel);
       if (a >= e) return {view<const T>(), 0};
       return {view<const T>(b.data() + bk.local_begin + (a - lo), e - a), a - t.offset};

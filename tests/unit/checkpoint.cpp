@@ -284,6 +284,35 @@ BOOST_AUTO_TEST_CASE(galore_adamw_q8) {
 BOOST_AUTO_TEST_CASE(muon_with_adamw_fp32) {
   check_resharding<muon, sharded<fp32>>("muon", galore_layout(), harness::muon_groups(), {}, 4, 4);
 }
+
+// Owned placement: each matrix's states on its owner, who changes with d.
+BOOST_AUTO_TEST_CASE(muon_owned) {
+  check_resharding<muon, owned<fp32>>("muon-owned", galore_layout(), harness::muon_groups(), {}, 4, 4);
+}
+
+BOOST_AUTO_TEST_CASE(galore_adamw_owned) {
+  check_resharding<galore_adamw, owned<fp32>>("galore-owned", galore_layout(), galore_groups(), {}, 4, 4);
+}
+
+// The same states in the same items: a sharded checkpoint resumes on owned storage, and
+// the reverse, on other numbers of ranks.
+BOOST_AUTO_TEST_CASE(owned_and_sharded_checkpoints_interchange) {
+  const layout l = galore_layout();
+  const auto check = [&]<class Policy>(const std::vector<typename Policy::hyper_params>& h, const char* tag) {
+    const snapshot reference = run<Policy, sharded<fp32>, precision<float>>(1, l, h, {}, 0, 8, nullptr, nullptr);
+    for (const auto& [d, d2] : {std::pair{3, 2}, std::pair{1, 4}, std::pair{5, 3}}) {
+      scratch_dir a(std::string(tag) + "-sharded"), b(std::string(tag) + "-owned");
+      run<Policy, sharded<fp32>, precision<float>>(d, l, h, {}, 0, 4, nullptr, &a.path);
+      BOOST_TEST((run<Policy, owned<fp32>, precision<float>>(d2, l, h, {}, 4, 8, &a.path, nullptr) == reference),
+                 tag << ": saved sharded on " << d << " ranks, resumed owned on " << d2);
+      run<Policy, owned<fp32>, precision<float>>(d, l, h, {}, 0, 4, nullptr, &b.path);
+      BOOST_TEST((run<Policy, sharded<fp32>, precision<float>>(d2, l, h, {}, 4, 8, &b.path, nullptr) == reference),
+                 tag << ": saved owned on " << d << " ranks, resumed sharded on " << d2);
+    }
+  };
+  check.template operator()<muon>(harness::muon_groups(), "muon");
+  check.template operator()<galore_adamw>(galore_groups(), "galore");
+}
 #endif
 
 #if defined(__linux__)  // the emulated device (mmap)

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "muon_cases.hpp"
 #include "sharded_harness.hpp"
 
 using namespace distopt;
@@ -21,16 +22,7 @@ namespace {
 
 /// Matrices in the GaLore group (1), biases and a vector in the plain group (0); tensors
 /// straddle shard cuts, and with `bucket` small there are several buckets.
-layout make_layout(dtype t) {
-  layout l;
-  l.add("w0", {40, 30}, t, 1);
-  l.add("b0", {30}, t, 0);
-  l.add("w1", {17, 33}, t, 1);
-  l.add("norm", {700}, t, 0);
-  l.add("w2", {16, 64}, t, 1);
-  l.add("w3", {9, 9}, t, 1);
-  return l;
-}
+layout make_layout(dtype t) { return harness::matrices_and_vectors(t); }
 
 std::vector<galore_adamw::hyper_params> groups(galore_proj type) {
   galore_adamw::hyper_params plain;

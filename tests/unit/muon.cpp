@@ -26,13 +26,7 @@ namespace {
 /// group (0); tensors straddle shard cuts, and with `bucket` small there are several buckets.
 /// `big` adds a 150 x 260 matrix, whose Newton-Schulz products span several 128 x 128 tiles.
 layout make_layout(dtype t, bool big = false) {
-  layout l;
-  l.add("w0", {40, 30}, t, 1);
-  l.add("b0", {30}, t, 0);
-  l.add("w1", {17, 33}, t, 1);
-  l.add("norm", {700}, t, 0);
-  l.add("w2", {16, 64}, t, 1);
-  l.add("w3", {9, 9}, t, 1);
+  layout l = harness::matrices_and_vectors(t);
   if (big) l.add("w4", {150, 260}, t, 1);
   return l;
 }

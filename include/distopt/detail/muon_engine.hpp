@@ -12,7 +12,9 @@
 ///   1. updates the momentum of its own elements and writes the matrix NS takes (the
 ///      Nesterov blend) into an fp32 bucket stage, at the elements' places in the bucket;
 ///   2. all-gathers the stage over the data-parallel ranks (sharded storage): the same
-///      bytes as GaLore's gather of the reduced grads, (d-1)/d of the bucket in fp32;
+///      bytes as GaLore's gather of the reduced grads, (d-1)/d of the bucket in fp32. With
+///      `owned` storage each matrix lies whole on its owner, who alone runs the next step:
+///      nothing is gathered, and the other ranks get the new params by broadcast;
 ///   3. for every matrix it holds part of, runs Newton–Schulz on the whole matrix (every
 ///      holder computes the same bits, for any d and thread count) and applies the
 ///      orthogonalised update to its own elements. A matrix split over tensor-parallel
@@ -152,9 +154,9 @@ struct muon_engine {
         out[e] = Policy::blend(s, grad, to_float(st[e]));  // the stored momentum, as torch reads its buffer
       }
     }
-    // 2. Every rank's part of the bucket.
-    if (Opt::is_sharded && o.comm_.size() > 1)
-      o.comm_.all_gather(std::span<const float>(stage_.data() + o.plan_.rank() * b.shard_elems, b.shard_elems),
+    // 2. Every rank's part of the bucket (owned buckets: each matrix is its owner's alone).
+    if (Opt::is_sharded && o.comm_.size() > 1 && !b.owned())
+      o.comm_.all_gather(std::span<const float>(stage_.data() + b.shard_begin(o.plan_.rank()), b.shard_elems),
                          std::span<float>(stage_.data(), b.padded()));
     // 3. NS of each matrix this rank holds part of, applied to its elements.
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
@@ -220,7 +222,9 @@ struct muon_engine {
     return w;
   }
 
-  std::vector<int> matrix_index_;  // per tensor: 1 for an orthogonalised matrix, else -1 (read as >= 0)
+  // Per tensor: 1 for an orthogonalised matrix, else -1. An int read as >= 0, as the
+  // projection engine's matrix index: the element update phase takes either to skip matrices.
+  std::vector<int> matrix_index_;
   std::vector<std::size_t> state_offset_;     // per piece of another tensor: its offset in the slot buffers
   std::vector<std::size_t> momentum_offset_;  // per piece of a matrix: its offset in momentum_
   std::vector<State> momentum_;               // the matrices' momentum (host memory: Muon's executors)

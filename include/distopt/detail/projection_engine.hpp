@@ -8,7 +8,9 @@
 /// storage all-gathers the reduced grads of the buckets holding one: (d-1)/d of their
 /// bytes more than ZeRO's step), projects it, updates the low-rank Adam states and
 /// projects back the same way (so every rank computes the same bits, for any d), and
-/// applies the update to its own elements of the master weights / params.
+/// applies the update to its own elements of the master weights / params. With `owned`
+/// storage each matrix lies whole on one rank: its grads are reduced there, nothing is
+/// gathered, and one rank in the job computes its SVD and keeps its low-rank states.
 
 #include <algorithm>
 #include <array>
@@ -155,9 +157,9 @@ struct projection_engine {
     bool any = false;
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || matrix_index_[i] >= 0;
     if (!any) return;
-    if (Opt::is_sharded && o.comm_.size() > 1) {
+    if (Opt::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
       typename Opt::grad_type* g = o.grads_.data() + b.buffer_begin;
-      o.comm_.all_gather(std::span<const typename Opt::grad_type>(g + o.plan_.rank() * b.shard_elems, b.shard_elems),
+      o.comm_.all_gather(std::span<const typename Opt::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
                        std::span<typename Opt::grad_type>(g, b.padded()));
     }
     const auto& pieces = o.plan_.pieces();
