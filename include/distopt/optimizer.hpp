@@ -732,7 +732,8 @@ class optimizer {
   /// so that later buckets' reductions overlap earlier buckets' updates.
   template <class T>
   void reduce_bucket(std::span<T> bucket, std::span<T> mine, reduce_op op, std::size_t k, bool async) {
-    if (plan_.buckets()[k].owned()) return reduce_owned(bucket, mine, op, plan_.buckets()[k]);
+    if constexpr (owns_matrices)
+      if (plan_.buckets()[k].owned()) return reduce_owned(bucket, mine, op, plan_.buckets()[k]);
     if constexpr (stages_collectives) {
       const std::span<T> in = staged<T>(stage_in_, bucket.size());
       detail::copy_bytes(exec_, in.data(), bucket.data(), bucket.size_bytes());
@@ -765,45 +766,28 @@ class optimizer {
     }
   }
 
+  // Owned buckets exist only with `owned` storage, whose policies (GaLore, Muon) run on
+  // executors of host memory: their collectives read the buffers in place.
+
   /// An owned bucket's reduction: one reduce to each owner of its run of tensors
   /// (blocking). `mine` is this rank's run, in place in `bucket` or elsewhere.
   template <class T>
   void reduce_owned(std::span<T> bucket, std::span<T> mine, reduce_op op, const detail::shard_bucket& b) {
+    static_assert(host_memory<Exec>);
     const std::size_t me = plan_.rank();
-    const auto each_owner = [&](std::span<T> all, std::span<T> own) {
-      for (std::size_t r = 0; r < b.shards; ++r)
-        if (b.shard_size(r) != 0)
-          comm_.reduce(std::span<const T>(all.subspan(b.shard_begin(r), b.shard_size(r))),
-                       r == me ? own : std::span<T>(), op, static_cast<int>(r));
-    };
-    if constexpr (stages_collectives) {
-      const std::span<T> in = staged<T>(stage_in_, bucket.size());
-      const std::span<T> out = staged<T>(stage_out_, mine.size());
-      detail::copy_bytes(exec_, in.data(), bucket.data(), bucket.size_bytes());
-      each_owner(in, out);
-      detail::copy_bytes(exec_, mine.data(), out.data(), mine.size_bytes());
-    } else {
-      [[maybe_unused]] const auto open = detail::collective_scope(exec_);
-      each_owner(bucket, mine);
-    }
+    for (std::size_t r = 0; r < b.shards; ++r)
+      if (b.shard_size(r) != 0)
+        comm_.reduce(std::span<const T>(bucket.subspan(b.shard_begin(r), b.shard_size(r))),
+                     r == me ? mine : std::span<T>(), op, static_cast<int>(r));
   }
 
   /// An owned bucket's params: each owner broadcasts its run of tensors (blocking).
   void gather_owned(const detail::shard_bucket& b) {
-    const auto each_owner = [&](param_type* p) {
-      for (std::size_t r = 0; r < b.shards; ++r)
-        if (b.shard_size(r) != 0) comm_.broadcast(std::span<param_type>(p + b.shard_begin(r), b.shard_size(r)), static_cast<int>(r));
-    };
+    static_assert(host_memory<Exec>);
     param_type* p = params_.data() + b.buffer_begin;
-    if constexpr (stages_collectives) {
-      const std::span<param_type> host = staged<param_type>(stage_out_, b.padded());
-      detail::copy_bytes(exec_, host.data(), p, host.size_bytes());
-      each_owner(host.data());
-      detail::copy_bytes(exec_, p, host.data(), host.size_bytes());
-    } else {
-      [[maybe_unused]] const auto open = detail::collective_scope(exec_);
-      each_owner(p);
-    }
+    for (std::size_t r = 0; r < b.shards; ++r)
+      if (b.shard_size(r) != 0)
+        comm_.broadcast(std::span<param_type>(p + b.shard_begin(r), b.shard_size(r)), static_cast<int>(r));
   }
 
   /// Sharded: all-gathers bucket `k`'s params, asynchronously when `async` and the
@@ -811,7 +795,8 @@ class optimizer {
   void start_gather(std::size_t k, bool async) {
     if (!is_sharded || comm_.size() == 1) return;
     const detail::shard_bucket& b = plan_.buckets()[k];
-    if (b.owned()) return gather_owned(b);
+    if constexpr (owns_matrices)
+      if (b.owned()) return gather_owned(b);
     param_type* p = params_.data() + b.buffer_begin;
     const std::span<const param_type> in(p + b.shard_begin(plan_.rank()), b.shard_size(plan_.rank()));
     const std::span<param_type> out(p, b.padded());
