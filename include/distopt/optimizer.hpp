@@ -228,6 +228,9 @@ class optimizer {
   static_assert(!owns_matrices || projects || orthogonalizes,
                 "distopt::owned<...> places the matrices that GaLore projects and Muon orthogonalises, each "
                 "on one rank; this policy updates no whole matrices: use distopt::sharded<...>");
+  // (GaLore and Muon run on executors of host memory: owned buckets' collectives read the
+  // buffers in place.)
+  static_assert(!owns_matrices || host_memory<Exec>);
   static_assert(!is_layerwise || detail::engine_included<Policy, detail::layer_engine_tag>::value,
                 "distopt::optimizer: a layer-wise policy needs #include <distopt/detail/layer_engine.hpp> "
                 "(the policy headers lamb.hpp, adafactor.hpp and came.hpp include it)");
@@ -766,14 +769,12 @@ class optimizer {
     }
   }
 
-  // Owned buckets exist only with `owned` storage, whose policies (GaLore, Muon) run on
-  // executors of host memory: their collectives read the buffers in place.
+  // Owned buckets exist only with `owned` storage, on executors of host memory.
 
   /// An owned bucket's reduction: one reduce to each owner of its run of tensors
   /// (blocking). `mine` is this rank's run, in place in `bucket` or elsewhere.
   template <class T>
   void reduce_owned(std::span<T> bucket, std::span<T> mine, reduce_op op, const detail::shard_bucket& b) {
-    static_assert(host_memory<Exec>);
     const std::size_t me = plan_.rank();
     for (std::size_t r = 0; r < b.shards; ++r)
       if (b.shard_size(r) != 0)
@@ -783,7 +784,6 @@ class optimizer {
 
   /// An owned bucket's params: each owner broadcasts its run of tensors (blocking).
   void gather_owned(const detail::shard_bucket& b) {
-    static_assert(host_memory<Exec>);
     param_type* p = params_.data() + b.buffer_begin;
     for (std::size_t r = 0; r < b.shards; ++r)
       if (b.shard_size(r) != 0)

@@ -24,7 +24,7 @@ using distopt::detail::shard_plan;
 namespace {
 
 /// Matrices of uneven cost in group 1 (Muon / GaLore), vectors in group 0. Costs
-/// m n min(m, n): w0 36000, w1 9537, w2 16384, w3 729, w4 3500000 (at d >= 2 it owns a
+/// m n min(m, n): w0 36000, w1 9537, w2 16384, w3 729, w4 4900000 (at d >= 2 it owns a
 /// rank alone), w5 2880.
 layout uneven_layout(dtype t = dtype::f32) {
   layout l = harness::matrices_and_vectors(t);
@@ -277,24 +277,35 @@ BOOST_AUTO_TEST_CASE(bytes_of_the_owned_step_match_the_model) {
   }
 }
 
-BOOST_AUTO_TEST_CASE(momentum_lives_on_the_owner) {
+BOOST_AUTO_TEST_CASE(momentum_and_stage_live_on_the_owner) {
+  // The momentum of the matrices a rank owns, and a stage of its own run of matrices in
+  // one bucket (none on a rank that owns nothing): the default bucket and buckets of 512.
   const layout l = uneven_layout();
   const auto whole = matrices_of_group_1(l);
-  for (int d : {2, 5}) {
-    const auto owner = shard_plan::assign_owners(l, d, whole);
-    std::vector<std::size_t> momentum(static_cast<std::size_t>(d));
-    run_ranks(d, [&](threads& comm) {
-      const int rank = comm.rank();
-      optimizer<muon, owned<fp32>, threads> opt(l, harness::muon_groups(), {}, cpu(1), std::move(comm));
-      momentum[static_cast<std::size_t>(rank)] = opt.memory().bytes("state momentum");
-    });
-    for (int r = 0; r < d; ++r) {
-      std::size_t expected = 0;
-      for (std::size_t i = 0; i < owner.size(); ++i)
-        if (owner[i] == r) expected += l.tensors()[i].numel * 4;
-      BOOST_TEST(momentum[static_cast<std::size_t>(r)] == expected, "d = " << d << " rank " << r);
+  for (const std::size_t bucket : {optimizer_options{}.bucket_elems, std::size_t{512}})
+    for (int d : {2, 5, 8}) {
+      const auto owner = shard_plan::assign_owners(l, d, whole);
+      std::vector<std::size_t> momentum(static_cast<std::size_t>(d)), stage(momentum.size());
+      run_ranks(d, [&](threads& comm) {
+        const int rank = comm.rank();
+        optimizer_options o;
+        o.bucket_elems = bucket;
+        optimizer<muon, owned<fp32>, threads> opt(l, harness::muon_groups(), o, cpu(1), std::move(comm));
+        momentum[static_cast<std::size_t>(rank)] = opt.memory().bytes("state momentum");
+        stage[static_cast<std::size_t>(rank)] = opt.memory().bytes("orthogonalization stage");
+      });
+      for (int r = 0; r < d; ++r) {
+        std::size_t expected = 0, run = 0;
+        for (std::size_t i = 0; i < owner.size(); ++i)
+          if (owner[i] == r) expected += l.tensors()[i].numel * 4;
+        const shard_plan plan(l, d, r, bucket, 1u << 14, whole);
+        for (const auto& b : plan.buckets())
+          if (b.owned()) run = std::max(run, b.shard_size(static_cast<std::size_t>(r)) * 4);
+        BOOST_TEST(momentum[static_cast<std::size_t>(r)] == expected, "d = " << d << " rank " << r);
+        BOOST_TEST(stage[static_cast<std::size_t>(r)] == run, "d = " << d << " rank " << r);
+        if (expected == 0) BOOST_TEST(run == 0u);
+      }
     }
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -74,7 +74,7 @@ struct muon_engine {
                                                 static_cast<std::size_t>(m * n) * sizeof(float));
     }
     for (const auto& b : o.plan_.buckets())
-      if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, b.padded());
+      if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, stage_window(o, b).size);
     // Compact states: the matrices' momentum, and every slot of the other tensors.
     const auto& pieces = o.plan_.pieces();
     state_offset_.assign(pieces.size(), 0);
@@ -124,6 +124,17 @@ struct muon_engine {
     r.entries.push_back({"orthogonalization work", work_bytes_});
   }
 
+  /// The part of bucket `b` this rank's stage holds, from its first element: all of it
+  /// (gathered over the ranks), or on an owned bucket this rank's own run of matrices.
+  struct window {
+    std::size_t first, size;
+  };
+  template <class Opt>
+  static window stage_window(const Opt& o, const shard_bucket& b) {
+    if (b.owned()) return {b.shard_begin(o.plan_.rank()), b.shard_size(o.plan_.rank())};
+    return {0, b.padded()};
+  }
+
   bool has_matrix(const shard_bucket& b) const {
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i)
       if (matrix_index_[i] >= 0) return true;
@@ -138,7 +149,8 @@ struct muon_engine {
     if (!has_matrix(b)) return;  // the same answer on every rank: the collective below matches
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
-    stage_.resize(std::max(stage_.size(), b.padded()));  // only the matrices' places are read
+    const window sw = stage_window(o, b);
+    stage_.resize(std::max(stage_.size(), sw.size));  // only the matrices' places are read
     // 1. Momentum of this rank's elements, and the matrix NS takes, into the stage.
     for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
       const shard_piece& pc = pieces[c];
@@ -147,7 +159,7 @@ struct muon_engine {
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[pc.tensor];
       const G* g = grads + (grads_local ? pc.local : pc.buffer);
       State* st = momentum_.data() + momentum_offset_[c];
-      float* out = stage_.data() + (pc.buffer - b.buffer_begin);
+      float* out = stage_.data() + (pc.buffer - b.buffer_begin - sw.first);
       for (std::size_t e = 0; e < pc.count; ++e) {
         const float grad = to_float(g[e]) * scale;
         st[e] = from_float<State>(Policy::momentum_buffer(s, grad, to_float(st[e])));
@@ -165,7 +177,7 @@ struct muon_engine {
       const tensor_slot& t = tensors[i];
       const auto& h = o.groups_[static_cast<std::size_t>(t.group)];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
-      const whole_matrix w = gather_tp(o, t, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin));
+      const whole_matrix w = gather_tp(o, t, stage_.data() + (o.plan_.tensor_buffer(i) - b.buffer_begin - sw.first));
       update_.resize(static_cast<std::size_t>(w.m * w.n));
       ortho_.run(h, w.values, w.m, w.n, update_.data(),
                  [&o](std::size_t count, const auto& f) { o.exec_.parallel_for(count, f); });

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,7 +37,7 @@ namespace distopt::detail {
 struct shard_bucket {
   std::size_t layout_begin = 0, layout_end = 0;  ///< [begin, end) in layout coordinates
   std::size_t buffer_begin = 0;                  ///< first element in the full buffers
-  std::size_t shard_elems = 0;                   ///< elements of each rank's shard, padding included (even cut)
+  std::size_t shard_elems = 0;  ///< even cut: elements of each rank's shard, padding included; owned: this rank's
   std::size_t local_begin = 0;                   ///< first element of this rank's shard in the local buffers
   std::size_t first_tensor = 0, end_tensor = 0;  ///< tensors [first, end) of the layout
   std::size_t first_piece = 0, end_piece = 0;    ///< this rank's pieces [first, end) of the plan
@@ -128,6 +129,8 @@ class shard_plan {
 DISTOPT_CORE_FN std::uint64_t shard_plan::owned_cost(const tensor_slot& t) {
   if (t.shape.size() != 2) return t.numel;
   const auto m = static_cast<std::uint64_t>(t.shape[0]), n = static_cast<std::uint64_t>(t.shape[1]);
+  if (std::min(m, n) != 0 && m * n > std::numeric_limits<std::uint64_t>::max() / std::min(m, n))  // (m n: a numel)
+    throw std::invalid_argument("distopt: owned tensor '" + t.name + "' is too large to weigh (m n min(m, n) overflows)");
   return m * n * std::min(m, n);
 }
 
@@ -157,7 +160,11 @@ DISTOPT_CORE_FN std::vector<int> shard_plan::assign_owners(const layout& l, int 
     return runs;
   };
   std::uint64_t lo = *std::max_element(cost.begin(), cost.end()), hi = 0;
-  for (const std::uint64_t c : cost) hi += c;
+  for (const std::uint64_t c : cost) {
+    if (hi > std::numeric_limits<std::uint64_t>::max() - c)
+      throw std::invalid_argument("distopt: the owned tensors are too large to weigh (their costs overflow)");
+    hi += c;
+  }
   while (lo < hi) {
     const std::uint64_t mid = lo + (hi - lo) / 2;
     if (runs_under(mid) <= static_cast<std::size_t>(shards)) hi = mid;

@@ -12,7 +12,8 @@ namespace distopt {
 /// is reduced to that rank, its states live only there, the owner alone projects or
 /// orthogonalises it, and its new params are broadcast to the others. Owners are balanced
 /// by the matrices' cost (m n min(m, n)) and depend only on the layout and d; the other
-/// tensors are cut over the ranks as with `sharded`. Encoded as `Encoding` (fp32, bf16 or q8).
+/// tensors are cut over the ranks as with `sharded`. Encoded as `Encoding` (fp32, bf16, or
+/// q8 for GaLore: Muon refuses 8-bit states).
 template <class Encoding>
 struct owned {
   using storage_concept = storage_tag;
