@@ -2,7 +2,8 @@
 // Copyright 2026 the distopt authors
 // Layer-wise policies (Lamb, Adafactor, CAME) stay exact when sharded and split:
 //  - the exact statistics accumulator (fixed_sum) against a 128-bit integer reference,
-//    and its independence of order and partition;
+//    and its independence of order and partition; the column windows in front of it give
+//    the bits of one exact add per value;
 //  - the global norm's pieces: exact_sum against a 128-bit integer reference and under
 //    any partition, and sum_of_squares in its documented 16-lane order (fp32, bf16, fp16
 //    grads) within 1e-14 of a long double sum;
@@ -20,6 +21,7 @@
 
 #include <distopt/detail/exact_sum.hpp>
 #include <distopt/detail/fixed_sum.hpp>
+#include <distopt/detail/layer_loop.hpp>
 #include <distopt/detail/update_loop.hpp>
 
 #include <boost/test/unit_test.hpp>
@@ -28,6 +30,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <ios>
 #include <limits>
 #include <mutex>
 #include <map>
@@ -390,6 +393,152 @@ BOOST_AUTO_TEST_CASE(a_row_that_loses_bits_in_double_gives_the_same_sum_for_ever
   BOOST_TEST(m.at(1) == 150.0);
   BOOST_TEST(m.at(2) == 150.0);
   BOOST_TEST(m.at(3) == 0.0);
+}
+
+/// The row sums follow their documented order, and the column sums go through double
+/// windows (detail::column_window) that fold into fixed_sums. Whatever the values (in and out of a column's window, zeros, subnormals,
+/// cancellations, a first value far from the rest, Inf, NaN), over more rows than a window
+/// holds between folds and across the matrices of a 3-D tensor, every column sum must be
+/// the bits of adding each value to its own fixed_sum, for every d and thread count.
+BOOST_AUTO_TEST_CASE(row_sums_in_lane_order_and_column_sums_one_exact_add_per_value) {
+  constexpr std::size_t rows = 700, cols = 9;  // 700 > column_window::max_segments rows
+  layout l;
+  l.add("tall", {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols)});
+  l.add("cube", {4, 30, 6});
+  l.add("v", {650});
+  std::mt19937_64 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  const auto random_finite = [&](std::uint32_t exponent_mask) {
+    std::uint32_t u = static_cast<std::uint32_t>(rng()) & (0x807fffffu | exponent_mask);
+    if (((u >> 23) & 0xffu) == 0xffu) u &= 0xff7fffffu;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  };
+  std::vector<float> tall(rows * cols), cube(720), v(650, 0.25f);
+  for (std::size_t r = 0; r < rows; ++r) {
+    float* g = &tall[r * cols];
+    g[0] = r % 97 == 5 ? std::ldexp(1.0f, -40) : r % 89 == 7 ? std::ldexp(1.0f, 50) : 1.0f + static_cast<float>(r) / 1024;
+    g[1] = r % 3 == 0 ? 0.0f : r % 3 == 1 ? -0.0f : 0.125f;
+    const std::uint32_t sub = static_cast<std::uint32_t>(r * 7919u) & 0x807fffffu;  // subnormals, both signs
+    std::memcpy(&g[2], &sub, 4);
+    g[3] = random_finite(0x7f800000u);
+    const float n = normal(rng);
+    g[4] = n * n + 1e-30f;
+    g[5] = (r % 2 ? -1.0f : 1.0f) * std::ldexp(1.0f, static_cast<int>((r / 2) % 60) - 30);
+    g[6] = r == 0 ? std::ldexp(1.0f, -100) : std::ldexp(1.0f + static_cast<float>(r) / 700, 20);
+    g[7] = r == 350 ? std::numeric_limits<float>::infinity() : 1.0f;
+    g[8] = r == 123 ? std::numeric_limits<float>::quiet_NaN() : -2.0f;
+  }
+  for (float& x : cube) x = random_finite(0x3f800000u);
+  // The reference: each value added to its column's fixed_sum, one by one.
+  std::vector<double> want_tall(cols), want_cube(24);
+  for (std::size_t c = 0; c < cols; ++c) {
+    fixed_sum f;
+    for (std::size_t r = 0; r < rows; ++r) f.add(tall[r * cols + c]);
+    want_tall[c] = f.value();
+  }
+  for (std::size_t m = 0; m < 4; ++m)
+    for (std::size_t c = 0; c < 6; ++c) {
+      fixed_sum f;
+      for (std::size_t r = 0; r < 30; ++r) f.add(cube[m * 180 + r * 6 + c]);
+      want_cube[m * 6 + c] = f.value();
+    }
+  BOOST_TEST(std::isinf(want_tall[7]));
+  BOOST_TEST(std::isnan(want_tall[8]));
+  // The row sums in their documented order: each segment (a row cut at the layout's block
+  // boundaries) summed in double, value j into lane j % 16, the lanes combined pairwise
+  // (lane l and l + w for w = 8, 4, 2, 1); the segments' sums added exactly.
+  std::vector<double> want_rows(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    fixed_sum f;
+    for (std::size_t t = r * cols; t < (r + 1) * cols;) {
+      const std::size_t end = std::min((r + 1) * cols, (t / l.block_size() + 1) * l.block_size());
+      double lane[16] = {};
+      for (std::size_t j = 0; t + j < end; ++j) lane[j % 16] += static_cast<double>(tall[t + j]);
+      for (std::size_t w = 8; w > 0; w /= 2)
+        for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
+      f.add(lane[0]);
+      t = end;
+    }
+    want_rows[r] = f.value();
+  }
+  const auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); };
+  for (int d : {1, 3})
+    for (int workers : {1, 2}) {
+      std::vector<std::vector<double>> rec(static_cast<std::size_t>(d));
+      run_ranks(d, [&](threads& comm) {
+        const int rank = comm.rank();
+        probe_record = &rec[static_cast<std::size_t>(rank)];
+        optimizer_options o;
+        o.grad_reduce = reduce_op::sum;
+        o.check_finite = false;
+        optimizer<sum_probe, sharded<fp32>, threads> opt(l, sum_probe::hyper_params{}, o, cpu(workers), std::move(comm));
+        if (rank == 0) {
+          std::copy(tall.begin(), tall.end(), opt.grad("tall").begin());
+          std::copy(cube.begin(), cube.end(), opt.grad("cube").begin());
+          std::copy(v.begin(), v.end(), opt.grad("v").begin());
+        }
+        opt.step();
+        probe_record = nullptr;
+      });
+      BOOST_TEST_CONTEXT("d=" << d << ", " << workers << " threads") {
+        std::size_t checked = 0;
+        for (const auto& r : rec) {
+          // Each tensor this rank holds part of: its tag, tensor sum, row sums, column sums.
+          for (std::size_t at = 0; at < r.size();) {
+            const double numel = -r[at];
+            const std::vector<double>* want = numel == 6300.0 ? &want_tall : numel == 720.0 ? &want_cube : nullptr;
+            const std::size_t row_count = numel == 6300.0 ? rows : numel == 720.0 ? 120 : 0;
+            if (numel == 6300.0) {
+              BOOST_TEST_REQUIRE(r.size() >= at + 2 + rows);
+              for (std::size_t k = 0; k < rows; ++k)
+                BOOST_TEST(same(r[at + 2 + k], want_rows[k]), "row " << k << ": " << std::hexfloat << r[at + 2 + k]
+                                                                       << " vs " << want_rows[k]);
+            }
+            at += 2 + row_count;
+            if (want) {
+              BOOST_TEST_REQUIRE(r.size() >= at + want->size());
+              for (std::size_t c = 0; c < want->size(); ++c)
+                BOOST_TEST(same(r[at + c], (*want)[c]), "tensor of " << numel << ", column " << c << ": "
+                                                                      << std::hexfloat << r[at + c] << " vs " << (*want)[c]);
+              at += want->size();
+              ++checked;
+            }
+          }
+        }
+        BOOST_TEST(checked >= 2u);
+      }
+    }
+}
+
+/// The window's fast path is taken: values inside it leave nothing for the fixed_sum, and
+/// one far outside it is handed over.
+BOOST_AUTO_TEST_CASE(column_window_takes_values_inside_and_hands_over_the_rest) {
+  std::array<double, 16> acc{};
+  std::array<std::uint32_t, 16> lo;
+  lo.fill(detail::column_window::unset);
+  std::array<float, 16> in, rest;
+  in.fill(1.5f);
+  in[3] = 0.0f;
+  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) == 0u);
+  BOOST_TEST(acc[0] == 1.5);
+  BOOST_TEST(acc[3] == 0.0);
+  for (float x : rest) BOOST_TEST(x == 0.0f);
+  in.fill(1.0f);
+  in[5] = std::ldexp(1.0f, 40);   // 40 exponents above 1.5's window
+  in[6] = std::ldexp(1.0f, -20);  // below it
+  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) != 0u);
+  BOOST_TEST(acc[0] == 2.5);
+  BOOST_TEST(acc[5] == 1.5);
+  BOOST_TEST(rest[5] == std::ldexp(1.0f, 40));
+  BOOST_TEST(rest[6] == std::ldexp(1.0f, -20));
+  BOOST_TEST(rest[0] == 0.0f);
+  std::array<fixed_sum, 16> sums{};
+  detail::fold_windows(acc.data(), lo.data(), sums.data(), acc.size(), 2);
+  BOOST_TEST(sums[0].value() == 2.5);
+  BOOST_TEST(acc[0] == 0.0);
+  BOOST_TEST(lo[0] != detail::column_window::unset);  // re-centred on the mean
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -59,6 +59,11 @@ struct layer_engine {
     std::size_t tensor = 0, piece_begin = 0, piece_end = 0;
     std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
     std::vector<detail::fixed_sum> tsum, rsum, csum;
+    // The column windows in front of csum (layer_loop.hpp). Their exponents are kept per
+    // phase from step to step: only a guess of where the next values lie.
+    std::vector<double> cacc;
+    std::array<std::vector<std::uint32_t>, static_cast<std::size_t>(Policy::phases.size())> clo;
+    detail::column_window window;
   };
 
   static constexpr int layer_phases() { return static_cast<int>(Policy::phases.size()); }
@@ -242,6 +247,7 @@ struct layer_engine {
       a.tensor_sums = it.tsum.data();
       a.row_sums = it.rsum.data();
       a.col_sums = it.csum.data();
+      a.window = &it.window;
       a.row_first = it.row_first;
       a.row_count = it.row_count;
       a.col_first = it.col_first;
@@ -249,6 +255,10 @@ struct layer_engine {
       if (t.factored) detail::layer_range<Policy, P, true, Mode>(sc, a, pc.count);
       else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
     }
+    if constexpr (Policy::phases[P].col_sums > 0)
+      if (t.factored)
+        detail::fold_matrix(it.window, it.csum.data(), static_cast<std::size_t>(Policy::phases[P].col_sums), t.cols,
+                            it.col_first, it.col_count);
   }
 
   /// One phase: the element pass over this rank's pieces, the exact sums merged over
@@ -264,6 +274,10 @@ struct layer_engine {
       it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
       it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
       it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
+      it.cacc.assign(it.csum.size(), 0.0);
+      std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
+      if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
+      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none};
     }
     const auto run = [&](std::size_t begin, std::size_t end) {
       o.exec_.parallel_for(end - begin, [&](std::size_t j) {
