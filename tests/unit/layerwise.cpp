@@ -2,8 +2,9 @@
 // Copyright 2026 the distopt authors
 // Layer-wise policies (Lamb, Adafactor, CAME) stay exact when sharded and split:
 //  - the exact statistics accumulator (fixed_sum) against a 128-bit integer reference,
-//    and its independence of order and partition; the column windows in front of it give
-//    the bits of one exact add per value;
+//    and its independence of order and partition; the tensor, row and column sums of the
+//    engine against their documented order, recomputed (the column windows in front of
+//    the fixed_sums give the bits of one exact add per value);
 //  - the global norm's pieces: exact_sum against a 128-bit integer reference and under
 //    any partition, and sum_of_squares in its documented 16-lane order (fp32, bf16, fp16
 //    grads) within 1e-14 of a long double sum;
@@ -395,17 +396,56 @@ BOOST_AUTO_TEST_CASE(a_row_that_loses_bits_in_double_gives_the_same_sum_for_ever
   BOOST_TEST(m.at(3) == 0.0);
 }
 
-/// The row sums follow their documented order, and the column sums go through double
-/// windows (detail::column_window) that fold into fixed_sums. Whatever the values (in and out of a column's window, zeros, subnormals,
-/// cancellations, a first value far from the rest, Inf, NaN), over more rows than a window
-/// holds between folds and across the matrices of a 3-D tensor, every column sum must be
-/// the bits of adding each value to its own fixed_sum, for every d and thread count.
-BOOST_AUTO_TEST_CASE(row_sums_in_lane_order_and_column_sums_one_exact_add_per_value) {
-  constexpr std::size_t rows = 700, cols = 9;  // 700 > column_window::max_segments rows
+/// The statistics' documented order, computed independently: each segment (a row of a
+/// matrix, or a run of a vector, cut at the layout's block boundaries, which are aligned to
+/// the tensor's own index) summed in double, value j into lane j % 16, the lanes combined
+/// pairwise (lane l and l + w for w = 8, 4, 2, 1); the segments' sums added exactly. Column
+/// sums: each value added to its column's fixed_sum, one by one.
+struct documented_sums {
+  double tensor = 0.0;
+  std::vector<double> rows, cols;
+};
+documented_sums documented(const std::vector<float>& g, std::size_t rows_per_matrix, std::size_t cols,
+                           std::size_t block) {
+  const bool factored = cols > 0;
+  const std::size_t row_len = factored ? cols : g.size();
+  fixed_sum tensor;
+  std::vector<fixed_sum> row_sums(factored ? g.size() / cols : 0);
+  std::vector<fixed_sum> col_sums(factored ? g.size() / rows_per_matrix : 0);
+  for (std::size_t t = 0; t < g.size();) {
+    const std::size_t end = std::min({(t / row_len + 1) * row_len, (t / block + 1) * block, g.size()});
+    double lane[16] = {};
+    for (std::size_t j = 0; t + j < end; ++j) lane[j % 16] += static_cast<double>(g[t + j]);
+    for (std::size_t w = 8; w > 0; w /= 2)
+      for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
+    tensor.add(lane[0]);
+    if (factored) row_sums[t / cols].add(lane[0]);
+    t = end;
+  }
+  if (factored)
+    for (std::size_t t = 0; t < g.size(); ++t) col_sums[t / (rows_per_matrix * cols) * cols + t % cols].add(g[t]);
+  documented_sums out;
+  out.tensor = tensor.value();
+  for (const fixed_sum& f : row_sums) out.rows.push_back(f.value());
+  for (const fixed_sum& f : col_sums) out.cols.push_back(f.value());
+  return out;
+}
+
+/// The engine's tensor, row and column sums are the documented ones, bit for bit, for every
+/// d and thread count. The column sums go through double windows (detail::column_window)
+/// that fold into fixed_sums: the values here fall in and out of their columns' windows
+/// (zeros, subnormals of both signs, cancellation, Inf, NaN, a first value 120 exponents
+/// from the rest), over more rows than a window holds between folds and across the matrices
+/// of a 3-D tensor. Tensor "long" breaks any fold limit above 256 rows: 1,200 one-value
+/// rows whose in-window sums would pass 2^53 units of the first window (values near 2^45
+/// units, with odd-unit values between them) and then cancel, so a lost low bit shows.
+BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_are_exact) {
+  constexpr std::size_t rows = 700, cols = 9;  // 700 > column_window::max_rows
   layout l;
   l.add("tall", {static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols)});
-  l.add("cube", {4, 30, 6});
+  l.add("cube", {4, 30, 40});
   l.add("v", {650});
+  l.add("long", {1200, 1});
   std::mt19937_64 rng(29);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   const auto random_finite = [&](std::uint32_t exponent_mask) {
@@ -415,13 +455,13 @@ BOOST_AUTO_TEST_CASE(row_sums_in_lane_order_and_column_sums_one_exact_add_per_va
     std::memcpy(&x, &u, 4);
     return x;
   };
-  std::vector<float> tall(rows * cols), cube(720), v(650, 0.25f);
+  std::vector<float> tall(rows * cols), cube(4800), v(650), lng(1200);
   for (std::size_t r = 0; r < rows; ++r) {
     float* g = &tall[r * cols];
     g[0] = r % 97 == 5 ? std::ldexp(1.0f, -40) : r % 89 == 7 ? std::ldexp(1.0f, 50) : 1.0f + static_cast<float>(r) / 1024;
     g[1] = r % 3 == 0 ? 0.0f : r % 3 == 1 ? -0.0f : 0.125f;
-    const std::uint32_t sub = static_cast<std::uint32_t>(r * 7919u) & 0x807fffffu;  // subnormals, both signs
-    std::memcpy(&g[2], &sub, 4);
+    const std::uint32_t sub = static_cast<std::uint32_t>((r % 2) << 31) | (static_cast<std::uint32_t>(r * 7919u) & 0x7fffffu);
+    std::memcpy(&g[2], &sub, 4);  // subnormals (and a zero), both signs
     g[3] = random_finite(0x7f800000u);
     const float n = normal(rng);
     g[4] = n * n + 1e-30f;
@@ -431,38 +471,25 @@ BOOST_AUTO_TEST_CASE(row_sums_in_lane_order_and_column_sums_one_exact_add_per_va
     g[8] = r == 123 ? std::numeric_limits<float>::quiet_NaN() : -2.0f;
   }
   for (float& x : cube) x = random_finite(0x3f800000u);
-  // The reference: each value added to its column's fixed_sum, one by one.
-  std::vector<double> want_tall(cols), want_cube(24);
-  for (std::size_t c = 0; c < cols; ++c) {
-    fixed_sum f;
-    for (std::size_t r = 0; r < rows; ++r) f.add(tall[r * cols + c]);
-    want_tall[c] = f.value();
-  }
-  for (std::size_t m = 0; m < 4; ++m)
-    for (std::size_t c = 0; c < 6; ++c) {
-      fixed_sum f;
-      for (std::size_t r = 0; r < 30; ++r) f.add(cube[m * 180 + r * 6 + c]);
-      want_cube[m * 6 + c] = f.value();
-    }
-  BOOST_TEST(std::isinf(want_tall[7]));
-  BOOST_TEST(std::isnan(want_tall[8]));
-  // The row sums in their documented order: each segment (a row cut at the layout's block
-  // boundaries) summed in double, value j into lane j % 16, the lanes combined pairwise
-  // (lane l and l + w for w = 8, 4, 2, 1); the segments' sums added exactly.
-  std::vector<double> want_rows(rows);
-  for (std::size_t r = 0; r < rows; ++r) {
-    fixed_sum f;
-    for (std::size_t t = r * cols; t < (r + 1) * cols;) {
-      const std::size_t end = std::min((r + 1) * cols, (t / l.block_size() + 1) * l.block_size());
-      double lane[16] = {};
-      for (std::size_t j = 0; t + j < end; ++j) lane[j % 16] += static_cast<double>(tall[t + j]);
-      for (std::size_t w = 8; w > 0; w /= 2)
-        for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
-      f.add(lane[0]);
-      t = end;
-    }
-    want_rows[r] = f.value();
-  }
+  for (float& x : v) x = random_finite(0x3f800000u);
+  // long: 1.0 opens a window of unit 2^-37 (exponents 113 .. 134); 256 - 2^-16 is just
+  // under 2^45 units, 2^-14 (1 + 2^-23) one odd unit above 2^23. Rows 1..599 hold the big
+  // value, or the odd one every fourth row; rows 600..1199 the negated big values and the
+  // odd ones, so the bigs cancel.
+  const float big = 256.0f - std::ldexp(1.0f, -16), odd = std::ldexp(1.0f + std::ldexp(1.0f, -23), -14);
+  lng[0] = 1.0f;
+  for (std::size_t r = 1; r < lng.size(); ++r) lng[r] = r % 4 == 0 ? odd : r < 600 ? big : -big;
+  const std::size_t big_rows = static_cast<std::size_t>(std::count(lng.begin(), lng.end(), big));
+  BOOST_TEST_REQUIRE(big_rows == static_cast<std::size_t>(std::count(lng.begin(), lng.end(), -big)));
+  BOOST_TEST_REQUIRE(static_cast<double>(big_rows) * std::ldexp(static_cast<double>(big), 37) > std::ldexp(1.0, 53));
+  const std::map<double, documented_sums> want = {
+      {static_cast<double>(tall.size()), documented(tall, rows, cols, l.block_size())},
+      {static_cast<double>(cube.size()), documented(cube, 30, 40, l.block_size())},
+      {static_cast<double>(v.size()), documented(v, 0, 0, l.block_size())},
+      {static_cast<double>(lng.size()), documented(lng, 1200, 1, l.block_size())}};
+  BOOST_TEST(std::isinf(want.at(6300.0).cols[7]));
+  BOOST_TEST(std::isnan(want.at(6300.0).cols[8]));
+  BOOST_TEST(want.at(1200.0).cols[0] == 1.0 + 299.0 * static_cast<double>(odd));  // 299 odd rows, exactly
   const auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); };
   for (int d : {1, 3})
     for (int workers : {1, 2}) {
@@ -478,39 +505,39 @@ BOOST_AUTO_TEST_CASE(row_sums_in_lane_order_and_column_sums_one_exact_add_per_va
           std::copy(tall.begin(), tall.end(), opt.grad("tall").begin());
           std::copy(cube.begin(), cube.end(), opt.grad("cube").begin());
           std::copy(v.begin(), v.end(), opt.grad("v").begin());
+          std::copy(lng.begin(), lng.end(), opt.grad("long").begin());
         }
         opt.step();
         probe_record = nullptr;
       });
       BOOST_TEST_CONTEXT("d=" << d << ", " << workers << " threads") {
-        std::size_t checked = 0;
+        std::map<double, int> seen;
         for (const auto& r : rec) {
           // Each tensor this rank holds part of: its tag, tensor sum, row sums, column sums.
           for (std::size_t at = 0; at < r.size();) {
             const double numel = -r[at];
-            const std::vector<double>* want = numel == 6300.0 ? &want_tall : numel == 720.0 ? &want_cube : nullptr;
-            const std::size_t row_count = numel == 6300.0 ? rows : numel == 720.0 ? 120 : 0;
-            if (numel == 6300.0) {
-              BOOST_TEST_REQUIRE(r.size() >= at + 2 + rows);
-              for (std::size_t k = 0; k < rows; ++k)
-                BOOST_TEST(same(r[at + 2 + k], want_rows[k]), "row " << k << ": " << std::hexfloat << r[at + 2 + k]
-                                                                       << " vs " << want_rows[k]);
-            }
-            at += 2 + row_count;
-            if (want) {
-              BOOST_TEST_REQUIRE(r.size() >= at + want->size());
-              for (std::size_t c = 0; c < want->size(); ++c)
-                BOOST_TEST(same(r[at + c], (*want)[c]), "tensor of " << numel << ", column " << c << ": "
-                                                                      << std::hexfloat << r[at + c] << " vs " << (*want)[c]);
-              at += want->size();
-              ++checked;
-            }
+            BOOST_TEST_REQUIRE(want.count(numel) == 1u, "a tag at " << at);
+            const documented_sums& w = want.at(numel);
+            BOOST_TEST_REQUIRE(r.size() >= at + 2 + w.rows.size() + w.cols.size());
+            ++seen[numel];
+            BOOST_TEST(same(r[at + 1], w.tensor), "tensor of " << numel << ": " << std::hexfloat << r[at + 1] << " vs "
+                                                              << w.tensor);
+            at += 2;
+            for (std::size_t k = 0; k < w.rows.size(); ++k)
+              BOOST_TEST(same(r[at + k], w.rows[k]), "tensor of " << numel << ", row " << k << ": " << std::hexfloat
+                                                                 << r[at + k] << " vs " << w.rows[k]);
+            at += w.rows.size();
+            for (std::size_t k = 0; k < w.cols.size(); ++k)
+              BOOST_TEST(same(r[at + k], w.cols[k]), "tensor of " << numel << ", column " << k << ": "
+                                                                 << std::hexfloat << r[at + k] << " vs " << w.cols[k]);
+            at += w.cols.size();
           }
         }
-        BOOST_TEST(checked >= 2u);
+        for (const auto& [numel, unused] : want) BOOST_TEST(seen[numel] >= 1, "tensor of " << numel << " seen");
       }
     }
 }
+
 
 /// The window's fast path is taken: values inside it leave nothing for the fixed_sum, and
 /// one far outside it is handed over.

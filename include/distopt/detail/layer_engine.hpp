@@ -277,7 +277,7 @@ struct layer_engine {
       it.cacc.assign(it.csum.size(), 0.0);
       std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
       if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
-      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none};
+      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
     }
     const auto run = [&](std::size_t begin, std::size_t end) {
       o.exec_.parallel_for(end - begin, [&](std::size_t j) {

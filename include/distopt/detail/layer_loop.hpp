@@ -31,34 +31,36 @@ namespace distopt::detail {
 /// column statistics' loop vectorises (a fixed_sum add is ~15 scalar instructions with two
 /// read-modify-writes; here it is a few vector instructions per element).
 ///
-/// Each column has a window of 22 fp32 exponents, lo .. lo + 21, kept as the fp32 bits of
-/// 2^lo. A value whose magnitude lies in the window, or a zero, is added to the column's
-/// double: every such value is an integer multiple of 2^(lo - 150) below 2^(lo - 150 + 45),
-/// so up to 256 of them (max_segments; a column gets at most one value per segment) sum to
-/// an integer below 2^53 units, exactly, in any order. Values outside the window (and
-/// subnormals, Inf, NaN) go straight to the fixed_sum. Every max_segments segments, when the
-/// matrix changes and at the end of a work item, the doubles are folded into the fixed_sums
-/// (exact: fixed_sum::add(double) adds any multiple of 2^-149 below 2^168). Every value
-/// is thus added exactly either way, and the sums are the same bits as adding each value to
-/// its fixed_sum: the window only decides how fast.
+/// Each column has a window of 22 fp32 biased exponents, lo .. lo + 21 (1 <= lo <= 233),
+/// kept as the fp32 bits of 2^(lo - 127). A value whose magnitude lies in the window, or a
+/// zero, is added to the column's double: every such value is an integer multiple of
+/// 2^(lo - 150) below 2^(lo - 150 + 45), so up to 256 of them (max_rows; a column gets at
+/// most one value per row of its matrix) sum to an integer below 2^53 units, exactly, in
+/// any order. Values outside the window (and subnormals, Inf, NaN) go straight to the
+/// fixed_sum. Every max_rows rows, when the matrix changes and at the end of a work item,
+/// the doubles are folded into the fixed_sums (exact: fixed_sum::add(double) adds any
+/// multiple of 2^-149 below 2^168, and a fold is below 2^136). Every value is thus added
+/// exactly either way, and the sums are the same bits as adding each value to its
+/// fixed_sum: the window only decides how fast.
 ///
 /// The window is a guess that only costs speed when wrong: an unset window starts 14
 /// exponents below the first nonzero value it sees, and a fold re-centres it 15 exponents
-/// below the mean of what the column added.
+/// below |the column's double| / rows (its mean, for values of one sign).
 struct column_window {
   static constexpr std::uint32_t unset = 0xffffffffu;    // accepts only zeros
   static constexpr std::uint32_t span = 22u << 23;       // 22 exponents, in fp32 bits
-  static constexpr std::size_t max_segments = 256;       // 45 + 8 = 53 bits
+  static constexpr std::size_t max_rows = 256;           // 45 + 8 = 53 bits
   static constexpr std::size_t none = ~std::size_t{0};
   double* acc = nullptr;         ///< [k * col_count + (col - col_first)]
-  std::uint32_t* lo = nullptr;   ///< the same indices: 2^lo as fp32 bits, or unset
-  std::size_t segments = 0;      ///< segments added since the last fold
+  std::uint32_t* lo = nullptr;   ///< the same indices: 2^(lo - 127) as fp32 bits, or unset
+  std::size_t rows = 0;          ///< rows added since the last fold
+  std::size_t last_row = none;   ///< the row (of the tensor's rows) of the last segment
   std::size_t matrix = none;     ///< the matrix whose columns hold values
 
-  /// The lowest exponent of a window for a column whose values are about 2^e.
+  /// The lowest exponent of a window for a column whose values are about 2^(e - 127).
   static DISTOPT_INLINE std::uint32_t window_at(std::int32_t e) noexcept {
     e = e < 1 ? 1 : e;
-    e = e > 232 ? 232 : e;  // lo + 22 <= 254 + 1: Inf and NaN never fit
+    e = e > 233 ? 233 : e;  // the top exponent lo + 21 <= 254: Inf and NaN (255) never fit
     return static_cast<std::uint32_t>(e) << 23;
   }
 };
@@ -86,13 +88,13 @@ DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc, std::u
 }
 
 /// Folds `n` columns' doubles into their fixed_sums and re-centres their windows.
-inline void fold_windows(double* acc, std::uint32_t* lo, fixed_sum* sums, std::size_t n, std::size_t segments) {
+inline void fold_windows(double* acc, std::uint32_t* lo, fixed_sum* sums, std::size_t n, std::size_t rows) {
   for (std::size_t j = 0; j < n; ++j) {
     const double x = acc[j];
     std::uint32_t l = column_window::unset;
     if (x != 0.0) {
       sums[j].add(x);
-      const float mean = static_cast<float>((x < 0 ? -x : x) / static_cast<double>(segments > 0 ? segments : 1));
+      const float mean = static_cast<float>((x < 0 ? -x : x) / static_cast<double>(rows > 0 ? rows : 1));
       const std::int32_t e = static_cast<std::int32_t>((__builtin_bit_cast(std::uint32_t, mean) >> 23) & 0xffu);
       if (e >= 1 && e <= 254) l = column_window::window_at(e - 15);
     }
@@ -107,10 +109,11 @@ inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::size_t col_s
   if (w.matrix != column_window::none)
     for (std::size_t k = 0; k < col_stats; ++k) {
       const std::size_t at = k * col_count + (w.matrix * cols - col_first);
-      fold_windows(w.acc + at, w.lo + at, col_sums + at, cols, w.segments);
+      fold_windows(w.acc + at, w.lo + at, col_sums + at, cols, w.rows);
     }
   w.matrix = column_window::none;
-  w.segments = 0;
+  w.rows = 0;
+  w.last_row = column_window::none;
 }
 
 /// One piece's data and statistics targets for layer_range. Pointers are at the piece's
@@ -198,12 +201,17 @@ DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const la
       row = t / a.cols;
       col = (t / a.matrix) * a.cols + t % a.cols;
       if constexpr (CS > 0) {
+        // A row may come in several segments (block cuts, pieces): count each row once.
         column_window& w = *a.window;
-        if (w.matrix != t / a.matrix || w.segments == column_window::max_segments) {
+        const bool new_row = w.last_row != row;
+        if (w.matrix != t / a.matrix || (new_row && w.rows == column_window::max_rows)) {
           fold_matrix(w, a.col_sums, CS, a.cols, a.col_first, a.col_count);
           w.matrix = t / a.matrix;
         }
-        ++w.segments;
+        if (w.last_row != row) {
+          w.last_row = row;
+          ++w.rows;
+        }
       }
     }
     float rv[RV > 0 ? RV : 1] = {};
