@@ -37,8 +37,10 @@
 #include <map>
 #include <numeric>
 #include <span>
+#include <string>
 #include <string_view>
 #include <random>
+#include <utility>
 
 namespace {
 
@@ -332,6 +334,26 @@ struct sum_probe {
 };
 static_assert(policy_is_layerwise<sum_probe>);
 
+/// One step of the probe on d ranks (threads) with `workers` threads each, rank 0 holding
+/// the global grads (summed over ranks); each rank's record of the sums it saw.
+std::vector<std::vector<double>> probe_step(const layout& l, int d, int workers,
+                                            const std::vector<std::pair<std::string, const std::vector<float>*>>& grads) {
+  std::vector<std::vector<double>> rec(static_cast<std::size_t>(d));
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    probe_record = &rec[static_cast<std::size_t>(rank)];
+    optimizer_options o;
+    o.grad_reduce = reduce_op::sum;
+    o.check_finite = false;
+    optimizer<sum_probe, sharded<fp32>, threads> opt(l, sum_probe::hyper_params{}, o, cpu(workers), std::move(comm));
+    if (rank == 0)
+      for (const auto& [name, g] : grads) std::copy(g->begin(), g->end(), opt.grad(name).begin());
+    opt.step();
+    probe_record = nullptr;
+  });
+  return rec;
+}
+
 BOOST_AUTO_TEST_SUITE(statistics_do_not_depend_on_cuts)
 
 BOOST_AUTO_TEST_CASE(a_row_that_loses_bits_in_double_gives_the_same_sum_for_every_d) {
@@ -350,21 +372,7 @@ BOOST_AUTO_TEST_CASE(a_row_that_loses_bits_in_double_gives_the_same_sum_for_ever
   for (std::size_t i = 0; i < gv.size(); ++i) gv[i] = i % 2 ? std::ldexp(1.0f, 55) : 3.0f;
   std::vector<double> want;
   for (int d = 1; d <= 5; ++d) {
-    std::vector<std::vector<double>> rec(static_cast<std::size_t>(d));
-    run_ranks(d, [&](threads& comm) {
-      const int rank = comm.rank();
-      probe_record = &rec[static_cast<std::size_t>(rank)];
-      optimizer_options o;
-      o.grad_reduce = reduce_op::sum;
-      o.check_finite = false;
-      optimizer<sum_probe, sharded<fp32>, threads> opt(l, sum_probe::hyper_params{}, o, cpu(2), std::move(comm));
-      if (rank == 0) {
-        std::copy(gm.begin(), gm.end(), opt.grad("m").begin());
-        std::copy(gv.begin(), gv.end(), opt.grad("v").begin());
-      }
-      opt.step();
-      probe_record = nullptr;
-    });
+    const std::vector<std::vector<double>> rec = probe_step(l, d, 2, {{"m", &gm}, {"v", &gv}});
     // Every rank holding part of a tensor records its sums; all must equal d = 1's.
     const auto split = [](const std::vector<double>& r) {
       std::map<double, std::vector<double>> by_tensor;
@@ -493,23 +501,8 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
   const auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); };
   for (int d : {1, 3})
     for (int workers : {1, 2}) {
-      std::vector<std::vector<double>> rec(static_cast<std::size_t>(d));
-      run_ranks(d, [&](threads& comm) {
-        const int rank = comm.rank();
-        probe_record = &rec[static_cast<std::size_t>(rank)];
-        optimizer_options o;
-        o.grad_reduce = reduce_op::sum;
-        o.check_finite = false;
-        optimizer<sum_probe, sharded<fp32>, threads> opt(l, sum_probe::hyper_params{}, o, cpu(workers), std::move(comm));
-        if (rank == 0) {
-          std::copy(tall.begin(), tall.end(), opt.grad("tall").begin());
-          std::copy(cube.begin(), cube.end(), opt.grad("cube").begin());
-          std::copy(v.begin(), v.end(), opt.grad("v").begin());
-          std::copy(lng.begin(), lng.end(), opt.grad("long").begin());
-        }
-        opt.step();
-        probe_record = nullptr;
-      });
+      const std::vector<std::vector<double>> rec =
+          probe_step(l, d, workers, {{"tall", &tall}, {"cube", &cube}, {"v", &v}, {"long", &lng}});
       BOOST_TEST_CONTEXT("d=" << d << ", " << workers << " threads") {
         std::map<double, int> seen;
         for (const auto& r : rec) {
