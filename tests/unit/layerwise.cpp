@@ -159,6 +159,17 @@ BOOST_AUTO_TEST_SUITE_END()
 // exact_sum and the block sums of squares behind the global norm
 // ---------------------------------------------------------------------------------------
 
+/// The documented order of the library's double sums, written out: value(i) for i < n into
+/// lane i % 16 in element order, then lanes j and j + w added for w = 8, 4, 2, 1.
+template <class F>
+double in_documented_lanes(std::size_t n, F value) {
+  double lane[16] = {};
+  for (std::size_t i = 0; i < n; ++i) lane[i % 16] += value(i);
+  for (std::size_t w = 8; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
+  return lane[0];
+}
+
 BOOST_AUTO_TEST_SUITE(global_norm_sums)
 
 /// The exact sum's wire image, to compare sums bit for bit.
@@ -228,18 +239,13 @@ BOOST_AUTO_TEST_CASE(exact_sum_subnormals_extremes_and_non_finite) {
   BOOST_TEST(std::isnan(n.value()));
 }
 
-/// The documented order of sum_of_squares, written out: lane i % 16 in element order, then
-/// lanes j and j + w for w = 8, 4, 2, 1.
+/// sum_of_squares in its documented order.
 template <class G>
 double squares_in_documented_order(const std::vector<G>& g, double scale) {
-  double lane[16] = {};
-  for (std::size_t i = 0; i < g.size(); ++i) {
+  return in_documented_lanes(g.size(), [&](std::size_t i) {
     const double x = static_cast<double>(to_float(g[i])) * scale;
-    lane[i % 16] += x * x;
-  }
-  for (std::size_t w = 8; w > 0; w /= 2)
-    for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
-  return lane[0];
+    return x * x;
+  });
 }
 
 template <class G>
@@ -422,12 +428,9 @@ documented_sums documented(const std::vector<float>& g, std::size_t rows_per_mat
   std::vector<fixed_sum> col_sums(factored ? g.size() / rows_per_matrix : 0);
   for (std::size_t t = 0; t < g.size();) {
     const std::size_t end = std::min({(t / row_len + 1) * row_len, (t / block + 1) * block, g.size()});
-    double lane[16] = {};
-    for (std::size_t j = 0; t + j < end; ++j) lane[j % 16] += static_cast<double>(g[t + j]);
-    for (std::size_t w = 8; w > 0; w /= 2)
-      for (std::size_t j = 0; j < w; ++j) lane[j] += lane[j + w];
-    tensor.add(lane[0]);
-    if (factored) row_sums[t / cols].add(lane[0]);
+    const double segment = in_documented_lanes(end - t, [&](std::size_t j) { return static_cast<double>(g[t + j]); });
+    tensor.add(segment);
+    if (factored) row_sums[t / cols].add(segment);
     t = end;
   }
   if (factored)

@@ -164,8 +164,17 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& 
   for (std::size_t i = 0; i < n; ++i) update_one<Policy, N, Mode>(s, p, g, m, s0, s1, s2, s3, i, scale, key, base);
 }
 
-/// Lanes of sum_of_squares: element i of a run goes to lane i % squares_lanes.
-inline constexpr std::size_t squares_lanes = 16;
+/// Lanes of the fixed-order double sums (sum_of_squares, and the layer-wise segments'
+/// sums in layer_loop.hpp): element i of a run goes to lane i % sum_lanes.
+inline constexpr std::size_t sum_lanes = 16;
+
+/// Combines sum_lanes lanes in place, lanes j and j + w for w = 8, 4, 2, 1; returns lane 0,
+/// which keeps the sum.
+DISTOPT_HD DISTOPT_INLINE double combine_lanes(double* s) {
+  for (std::size_t w = sum_lanes / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) s[j] += s[j + w];
+  return s[0];
+}
 
 /// Sum of squares of grad * scale over g[0, n), in double, in a fixed order that any
 /// backend can reproduce: lane j (j < 16) sums the squares of elements j, j + 16, j + 32, ...
@@ -176,7 +185,7 @@ inline constexpr std::size_t squares_lanes = 16;
 /// is not finite.
 template <class Grad>
 DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, double scale, std::size_t n) {
-  constexpr std::size_t L = squares_lanes;
+  constexpr std::size_t L = sum_lanes;
   double s[L] = {};
   std::size_t i = 0;
   for (; i + L <= n; i += L)
@@ -189,9 +198,7 @@ DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, 
     const double x = static_cast<double>(to_float(g[i + j])) * scale;
     s[j] += x * x;
   }
-  for (std::size_t w = L / 2; w > 0; w /= 2)
-    for (std::size_t j = 0; j < w; ++j) s[j] += s[j + w];
-  return s[0];
+  return combine_lanes(s);
 }
 
 /// Adds the squares of g[0, n) * scale to `acc`, one exact term per `block` elements (each
