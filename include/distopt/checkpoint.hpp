@@ -793,6 +793,7 @@ struct checkpoint_access {
   /// What must match (identity) and what is restored (state) on load.
   template <class Opt>
   static distopt::detail::checkpoint_scalars checkpoint_scalars(const Opt& o) {
+    o.sync_decisions();  // a device executor's step counter and loss scaler
     distopt::detail::checkpoint_scalars s;
     const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
     id("policy", std::string(Opt::policy_type::name));
@@ -835,6 +836,8 @@ struct checkpoint_access {
   /// them before any rank installs anything) and finishes what install staged.
   template <class Opt>
   static void restore_checkpoint(Opt& o, const std::map<std::string, std::string, std::less<>>& st) {
+    o.sync_decisions();  // what the device decided is replaced below, and pushed before the next step
+    o.decisions_changed_ = true;
     o.step_ = std::stoll(st.at("step"));
     o.options_.seed = std::stoull(st.at("seed"));
     o.master_ready_ = st.at("master_ready") == "true";

@@ -28,6 +28,7 @@
 #include "detail/layout_check.hpp"
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
+#include "engine/decisions.hpp"
 #include "engine/phases.hpp"
 #include "exec/cpu.hpp"
 #include "exec/transfer.hpp"
@@ -453,15 +454,26 @@ class optimizer {
                                   ": these hyper-parameters need more state than was allocated");
     if constexpr (is_layerwise) layer_.check_hyper(*this, check_group(g), h);
     if constexpr (orthogonalizes) ortho_.check_hyper(*this, check_group(g), h);
+    sync_decisions();
     groups_.at(check_group(g)) = std::move(h);
+    decisions_changed_ = true;
   }
   /// Number of hyper-parameter groups.
   int group_count() const noexcept { return static_cast<int>(groups_.size()); }
 
-  /// Steps taken so far (skipped steps do not count).
-  std::int64_t step_count() const noexcept { return step_; }
-  /// The factor to multiply the loss by before backward (1 without loss scaling).
-  double loss_scale() const noexcept { return scaler_ ? scaler_->scale() : 1.0; }
+  /// Steps taken so far (skipped steps do not count). On a device executor this reads the
+  /// device's counter (a synchronisation, when steps were taken since the last read).
+  std::int64_t step_count() const {
+    sync_decisions();
+    return step_;
+  }
+  /// The factor to multiply the loss by before backward (1 without loss scaling). On a
+  /// device executor this reads the device's (a synchronisation, as step_count); a kernel
+  /// can read it where it lives instead: loss_scale_on_device().
+  double loss_scale() const {
+    sync_decisions();
+    return scaler_ ? scaler_->scale() : 1.0;
+  }
   /// The executor and the data-parallel communicator in use.
   Exec& executor() noexcept { return exec_; }
   Comm& communicator() noexcept { return comm_; }
@@ -548,47 +560,48 @@ class optimizer {
     return norm;
   }
 
+  /// What step() returns: a step_result on an executor of host memory; on a device
+  /// executor a step_ticket, which reads the step's outcome from the device when asked.
+  using step_return = std::conditional_t<host_memory<Exec>, step_result, step_ticket<optimizer>>;
+
   /// Takes one optimizer step over every tensor. A NaN or Inf gradient on any rank skips
   /// the step on every rank and leaves params and states bit for bit as they were.
-  /// Collective.
-  step_result step() {
-    step_result r;
-    double norm = std::numeric_limits<double>::quiet_NaN();
-    double coef = 1.0;
-    if (clip_) {
-      norm = clip_->norm;
-      coef = clip_->coef;
-    } else if (options_.check_finite || scaler_) {
-      norm = grad_norm();
-    }
-    reduce_grads();
-    clip_.reset();
-    reduced_ = false;
-    r.grad_norm = norm;
-    r.found_inf = (options_.check_finite || scaler_) && !std::isfinite(norm);
-    if (r.found_inf) {
-      if (scaler_) scaler_->update(true);
-      r.skipped = true;
-      r.step = step_;
-      r.loss_scale = loss_scale();
-      return r;
-    }
-    ++step_;
-    if (uses_master() && !master_ready_) load_master_from_params();
-    const float grad_scale = static_cast<float>(coef / loss_scale());
-    if (options_.percentile_clipping < 100) percentile_scales(coef);
-    if constexpr (is_layerwise) {
-      if (reduces_in_fp32()) layer_.step(*this, grads32_.data(), grad_scale);
-      else layer_.step(*this, grads_.data(), grad_scale);
+  /// Collective. On a device executor the step is decided on the device (engine/decisions.hpp)
+  /// and nothing is copied between host and device, unless percentile clipping is on or
+  /// the communicator stages its collectives through host memory.
+  step_return step() {
+    ++step_calls_;
+    if (decides_on_device()) {
+      device_step();
     } else {
-      if (reduces_in_fp32()) run_update<float>(grads32_.data(), grad_scale);
-      else run_update<grad_type>(grads_.data(), grad_scale);
+      sync_decisions();
+      last_result_ = host_step();
+      if constexpr (!host_memory<Exec>) {  // the device's copy of the decisions follows
+        decisions_changed_ = true;
+        push_decisions();
+      }
     }
-    if (scaler_) scaler_->update(false);
-    wait_pending();  // the all-gathers the update started, bucket by bucket
-    r.step = step_;
-    r.loss_scale = loss_scale();
-    return r;
+    if constexpr (host_memory<Exec>) return last_result_;
+    else return step_ticket<optimizer>(*this, step_calls_);
+  }
+
+  /// The outcome of step() call `call` (counting from 1): what a step_ticket reads.
+  /// Throws std::logic_error when another step has been taken since.
+  step_result step_outcome(std::int64_t call) const {
+    if (call != step_calls_)
+      throw std::logic_error("distopt::optimizer: the result of step() call " + std::to_string(call) +
+                             " was read after call " + std::to_string(step_calls_) +
+                             "; read a step's result before the next step()");
+    sync_decisions();
+    return last_result_;
+  }
+
+  /// Device executors: the loss scale where it lives, in device memory (one double, updated
+  /// by each step), for a kernel that scales the loss without a synchronisation.
+  device_span<const double> loss_scale_on_device() {
+    static_assert(!host_memory<Exec>, "distopt::optimizer::loss_scale_on_device: for device executors");
+    push_decisions();
+    return {&control_.data()->loss_scale, 1};
   }
 
   /// Sharded storage: all-gathers every rank's shard of the params into every rank's full
@@ -697,6 +710,196 @@ class optimizer {
   friend struct detail::muon_engine;
   template <class, class>
   friend struct detail::q8_engine;
+
+  /// The step decided on the host: the norm's exact sums are copied to the host, which
+  /// decides, prepares the group scalars and launches the update with them.
+  step_result host_step() {
+    step_result r;
+    double norm = std::numeric_limits<double>::quiet_NaN();
+    double coef = 1.0;
+    if (clip_) {
+      norm = clip_->norm;
+      coef = clip_->coef;
+    } else if (options_.check_finite || scaler_) {
+      norm = grad_norm();
+    }
+    reduce_grads();
+    clip_.reset();
+    reduced_ = false;
+    r.grad_norm = norm;
+    r.found_inf = (options_.check_finite || scaler_) && !std::isfinite(norm);
+    if (r.found_inf) {
+      if (scaler_) scaler_->update(true);
+      r.skipped = true;
+      r.step = step_;
+      r.loss_scale = loss_scale();
+      return r;
+    }
+    ++step_;
+    if (uses_master() && !master_ready_) load_master_from_params();
+    const float grad_scale = static_cast<float>(coef / loss_scale());
+    if (options_.percentile_clipping < 100) percentile_scales(coef);
+    if constexpr (is_layerwise) {
+      if (reduces_in_fp32()) layer_.step(*this, grads32_.data(), grad_scale);
+      else layer_.step(*this, grads_.data(), grad_scale);
+    } else {
+      if (reduces_in_fp32()) run_update<float>(grads32_.data(), grad_scale);
+      else run_update<grad_type>(grads_.data(), grad_scale);
+    }
+    if (scaler_) scaler_->update(false);
+    wait_pending();  // the all-gathers the update started, bucket by bucket
+    r.step = step_;
+    r.loss_scale = loss_scale();
+    return r;
+  }
+
+  /// True when step() decides on the device (engine/decisions.hpp): a device executor,
+  /// an element-wise policy, no percentile clipping (its history is kept on the host).
+  bool decides_on_device() const noexcept {
+    if constexpr (host_memory<Exec> || is_layerwise || projects || orthogonalizes) return false;
+    else return options_.percentile_clipping == 100;
+  }
+
+  /// The control of the device's decisions, or null when the host decides.
+  const detail::step_control* decision_control() const noexcept {
+    return decides_on_device() ? control_.data() : nullptr;
+  }
+
+  /// Refreshes the host's copy of the device's decisions (step counter, loss scaler,
+  /// started groups, the last step's result) when the device has decided steps since:
+  /// one copy from the device, a synchronisation.
+  void sync_decisions() const {
+    if (!mirror_stale_) return;
+    detail::step_control c;
+    detail::copy_bytes(exec_, &c, control_.data(), sizeof c);
+    std::vector<unsigned char> started(groups_.size());
+    detail::copy_bytes(exec_, started.data(), started_dev_.data(), started.size());
+    step_ = c.step;
+    if (scaler_) scaler_->restore(c.loss_scale, c.growth_tracker);
+    state_started_.assign(started.begin(), started.end());
+    last_result_ = step_result{c.skipped != 0, c.skipped != 0, c.grad_norm, c.step, scaler_ ? c.loss_scale : 1.0};
+    mirror_stale_ = false;
+  }
+
+  /// Copies the host's decisions state (after construction, set_hyper, a checkpoint load
+  /// or a step decided on the host) to the device, where the next step reads it.
+  void push_decisions() {
+    if constexpr (!host_memory<Exec>) {
+      if (!decisions_changed_) return;
+      sync_decisions();
+      static_assert(std::is_trivially_copyable_v<hyper_params>,
+                    "distopt: a device executor reads the hyper-parameters in its memory: they must be trivially copyable");
+      if (control_.size() == 0) {
+        control_ = detail::buffer<detail::step_control, Exec>(exec_, 1);
+        norm_wire_ = detail::buffer<double, Exec>(exec_, detail::exact_sum::wire_size);
+      }
+      detail::step_control c;
+      c.step = step_;
+      c.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+      c.growth_tracker = scaler_ ? scaler_->growth_tracker() : 0;
+      c.decided = step_calls_;
+      detail::copy_bytes(exec_, control_.data(), &c, sizeof c);
+      in_exec(groups_, groups_dev_);
+      std::vector<unsigned char> started(groups_.size());
+      for (std::size_t g = 0; g < groups_.size(); ++g) started[g] = g < state_started_.size() && state_started_[g];
+      in_exec(started, started_dev_);
+      in_exec(group_slots(), step_slots_);
+      if (step_scalars_.size() < groups_.size())
+        step_scalars_ = detail::buffer<typename Policy::scalars, Exec>(exec_, groups_.size());
+      decisions_changed_ = false;
+    }
+  }
+
+  /// Each group's state slots in use.
+  std::vector<int> group_slots() const {
+    std::vector<int> active;
+    for (const auto& h : groups_) active.push_back(Policy::state_slots(h));
+    return active;
+  }
+
+  /// A step decided on the device: the norm's exact sums, the decision, each group's
+  /// scalars and the update are launches that read and write the executor's memory only.
+  void device_step() {
+    if constexpr (!host_memory<Exec> && !is_layerwise && !projects && !orthogonalizes) device_step_phases();
+  }
+  void device_step_phases() {
+    push_decisions();
+    reduce_grads();
+    detail::step_rules rules;
+    rules.check = options_.check_finite || scaler_;
+    rules.scaler = scaler_.has_value();
+    if (options_.loss_scale) {
+      rules.growth_factor = options_.loss_scale->growth_factor;
+      rules.backoff_factor = options_.loss_scale->backoff_factor;
+      rules.growth_interval = options_.loss_scale->growth_interval;
+    }
+    rules.seed = options_.seed;
+    if (clip_) {
+      rules.clip = true;
+      rules.clip_norm = clip_->norm;
+      rules.clip_coef = clip_->coef;
+    }
+    const double* wire = !clip_ && rules.check ? device_norm_wire() : nullptr;
+    clip_.reset();
+    reduced_ = false;
+    if (uses_master() && !master_ready_) load_master_from_params();
+    detail::decide_phase decide;
+    decide.wire = wire;
+    decide.rules = rules;
+    decide.control = control_.data();
+    detail::launch(exec_, 1, decide);
+    detail::prepare_phase<Policy> prepare;
+    prepare.groups = groups_dev_.data();
+    prepare.slots = step_slots_.data();
+    prepare.started = started_dev_.data();
+    prepare.out = step_scalars_.data();
+    prepare.control = control_.data();
+    detail::launch(exec_, groups_.size(), prepare);
+    const std::vector<int> active = group_slots();
+    const std::vector<typename Policy::scalars> none;  // prepared on the device
+    if (uses_master()) {
+      if (reduces_in_fp32()) run_mode<mode_for(true)>(none, grads32_.data(), 1.0f, 0, active);
+      else run_mode<mode_for(true)>(none, grads_.data(), 1.0f, 0, active);
+    } else {
+      if (reduces_in_fp32()) run_mode<mode_for(false)>(none, grads32_.data(), 1.0f, 0, active);
+      else run_mode<mode_for(false)>(none, grads_.data(), 1.0f, 0, active);
+    }
+    wait_pending();
+    mirror_stale_ = true;
+  }
+
+  /// The global squared norm's exact sum as an all-reduced wire image in the executor's
+  /// memory: the squares phase (grads / the device's loss scale), their sum, and the
+  /// all-reduce over ranks where the norm spans them.
+  const double* device_norm_wire() {
+    wait_pending();
+    const double* loss_scale = &control_.data()->loss_scale;
+    detail::norm_wire_phase sum;
+    sum.items = reduces_in_fp32() ? launch_squares(norm_squares(grads32_.data(), 1.0, loss_scale))
+                                  : launch_squares(norm_squares(grads_.data(), 1.0, loss_scale));
+    sum.sums = step_sums_.data();
+    sum.wire = norm_wire_.data();
+    detail::launch(exec_, 1, sum);
+    const bool across_dp = is_sharded && comm_.size() > 1;
+    if (across_dp) all_reduce_exec(comm_, norm_wire_.data(), detail::exact_sum::wire_size);
+    if (model_parallel_) all_reduce_exec(*model_parallel_, norm_wire_.data(), detail::exact_sum::wire_size);
+    else if (tp_) all_reduce_exec(*tp_, norm_wire_.data(), detail::exact_sum::wire_size);
+    return norm_wire_.data();
+  }
+
+  /// Sums `n` doubles in the executor's memory over group `c`: through host memory when
+  /// the communicator cannot reach it, in place otherwise.
+  void all_reduce_exec(Comm& c, double* p, std::size_t n) {
+    if constexpr (stages_collectives) {
+      std::vector<double> host(n);
+      detail::copy_bytes(exec_, host.data(), p, n * sizeof(double));
+      c.all_reduce(std::span<double>(host), reduce_op::sum);
+      detail::copy_bytes(exec_, p, host.data(), n * sizeof(double));
+    } else {
+      [[maybe_unused]] const auto open = detail::collective_scope(exec_);
+      c.all_reduce(std::span<double>(p, n), reduce_op::sum);
+    }
+  }
 
   /// Elements per work item: a multiple of every block size, large enough to amortise a
   /// dispatch, small enough to balance threads.
@@ -930,18 +1133,27 @@ class optimizer {
   /// `base`, indexed like the grads (buffer index) or the fp32 shard (local index).
   template <class G>
   detail::exact_sum local_squares(const G* base, double inv) {
+    detail::exact_sum total;
+    for (const auto& a : run_squares(norm_squares(base, inv))) total.add(a);
+    return total;
+  }
+
+  /// The squares phase of the global norm over this rank's pieces of `base` (reduced grads,
+  /// buffer or local index), times `inv`, or divided by `*divide_by` (the loss scale in the
+  /// executor's memory) when given; pieces in items of `per`.
+  template <class G>
+  detail::squares_phase<G> norm_squares(const G* base, double inv, const double* divide_by = nullptr) {
     const auto& pieces = plan_.pieces();
     detail::squares_phase<G> sq = squares_of(base, std::is_same_v<G, float> && reduces_in_fp32(), inv);
+    sq.divide_by = divide_by;
     sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
-    std::vector<unsigned char> skip;  // read by the launch below (host executors)
     if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
-      skip.resize(pieces.size());
-      for (std::size_t c = 0; c < pieces.size(); ++c) skip[c] = layout_.tensors()[pieces[c].tensor].tp == tp_split::none;
-      sq.skip = in_exec(skip, step_skip_);
+      step_skip_host_.resize(pieces.size());
+      for (std::size_t c = 0; c < pieces.size(); ++c)
+        step_skip_host_[c] = layout_.tensors()[pieces[c].tensor].tp == tp_split::none;
+      sq.skip = in_exec(step_skip_host_, step_skip_);
     }
-    detail::exact_sum total;
-    for (const auto& a : run_squares(sq)) total.add(a);
-    return total;
+    return sq;
   }
 
   static constexpr detail::param_mode mode_for(bool master) {
@@ -973,6 +1185,7 @@ class optimizer {
     u.grads_local = std::is_same_v<G, float> && reduces_in_fp32();
     u.master = uses_master() ? master_.data() : nullptr;
     for (int k = 0; k < N; ++k) u.state[k] = states_[k].data();
+    u.control = decision_control();
     u.grad_scale = grad_scale;
     u.key = key;
     detail::launch(exec_, b.end_piece - b.first_piece, u);
@@ -1002,17 +1215,26 @@ class optimizer {
       sq.out = sums.data();
       detail::launch(exec_, items, sq);
     } else {
-      if (step_sums_.size() < items) step_sums_ = detail::buffer<detail::exact_sum, Exec>(exec_, items);
-      detail::fill_phase<detail::exact_sum> zero;  // empty sums, set on the device
-      zero.n = items;
-      zero.chunk = 64;
-      zero.data = step_sums_.data();
-      detail::launch(exec_, zero.items(), zero);
-      sq.out = step_sums_.data();
-      detail::launch(exec_, items, sq);
+      launch_squares(sq);
       detail::copy_bytes(exec_, sums.data(), step_sums_.data(), items * sizeof(detail::exact_sum));
     }
     return sums;
+  }
+
+  /// Device executors: runs a squares phase into step_sums_ (zeroed first, on the device)
+  /// and returns its number of items.
+  template <class G>
+  std::size_t launch_squares(detail::squares_phase<G> sq) {
+    const std::size_t items = (sq.piece_count + sq.per - 1) / sq.per;
+    if (step_sums_.size() < items) step_sums_ = detail::buffer<detail::exact_sum, Exec>(exec_, items);
+    detail::fill_phase<detail::exact_sum> zero;  // empty sums, set on the device
+    zero.n = items;
+    zero.chunk = 64;
+    zero.data = step_sums_.data();
+    detail::launch(exec_, zero.items(), zero);
+    sq.out = step_sums_.data();
+    detail::launch(exec_, items, sq);
+    return items;
   }
 
   /// The piece table as the phases read it: in the executor's memory.
@@ -1043,8 +1265,10 @@ class optimizer {
     const auto& buckets = plan_.buckets();
     // This step's per-group scalars and slot counts, and per-tensor scales, where the
     // update phase reads them (copied once per step into device memory).
-    const typename Policy::scalars* sc_x = in_exec(sc, step_scalars_);
-    const int* slots_x = in_exec(active, step_slots_);
+    // Decided on the device: the scalars and slot counts are there already.
+    const bool device = decides_on_device();
+    const typename Policy::scalars* sc_x = device ? step_scalars_.data() : in_exec(sc, step_scalars_);
+    const int* slots_x = device ? step_slots_.data() : in_exec(active, step_slots_);
     const float* tensor_scale_x = clip_scale_.empty() ? nullptr : in_exec(clip_scale_, step_clip_scale_);
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
@@ -1131,7 +1355,7 @@ class optimizer {
   Comm comm_;
   std::optional<Comm> model_parallel_;
   int tp_rank_ = 0;
-  std::optional<loss_scaler> scaler_;
+  mutable std::optional<loss_scaler> scaler_;  // on a device executor, a copy of the device's (sync_decisions)
   int slots_ = 0;
   detail::shard_plan plan_;
   detail::buffer<param_type, Exec> params_;
@@ -1156,8 +1380,19 @@ class optimizer {
   std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
   std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
   std::optional<clip_state> clip_;
-  std::int64_t step_ = 0;
-  std::vector<bool> state_started_;  // per group: has its state been used yet
+  mutable std::int64_t step_ = 0;               // on a device executor, a copy of the device's
+  mutable std::vector<bool> state_started_;  // per group: has its state been used yet (idem)
+  std::int64_t step_calls_ = 0;                // step() calls, skipped ones included
+  mutable step_result last_result_;            // the last step's (decided on the device: its copy)
+  // The step decided on the device (engine/decisions.hpp): its control, each group's
+  // hyper-parameters and started flag, the norm's wire image, in the executor's memory.
+  detail::buffer<detail::step_control, Exec> control_;
+  detail::buffer<hyper_params, Exec> groups_dev_;
+  detail::buffer<unsigned char, Exec> started_dev_;
+  detail::buffer<double, Exec> norm_wire_;
+  mutable bool mirror_stale_ = false;  // the device decided steps the host's copies have not read
+  bool decisions_changed_ = true;      // the host's copies changed: push_decisions before the next step
+  std::vector<unsigned char> step_skip_host_;  // the norm's skipped pieces (TP ranks other than 0)
   bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
   // Per bucket: what its collective in flight holds open (the emulated device's memory)

@@ -28,4 +28,19 @@ struct step_result {
   double loss_scale = 1.0;
 };
 
+/// What `optimizer::step()` returns on a device executor: the step's outcome stays in device
+/// memory until it is read here (a synchronisation). Read it before the next step().
+template <class Optimizer>
+class step_ticket {
+ public:
+  step_ticket(const Optimizer& o, std::int64_t call) noexcept : opt_(&o), call_(call) {}
+  /// The step's result, copied from the device.
+  step_result get() const { return opt_->step_outcome(call_); }
+  operator step_result() const { return get(); }  // NOLINT: reads like the host executors' step_result
+
+ private:
+  const Optimizer* opt_;
+  std::int64_t call_;
+};
+
 }  // namespace distopt

@@ -5,12 +5,13 @@
 // steps of the element-wise policies (fp32, bf16 and 8-bit states) on the awkward layouts of the unit suites (the same
 // harness, sharded_harness.hpp, writing and reading through distopt::upload/download), on
 // one rank and on d = 1..4 ranks as threads sharing the GPU (sharded states, collectives
-// staged through host memory).
+// staged through host memory). And a step captured into a CUDA graph, replayed.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -52,6 +53,70 @@ void check_case(const std::string& what, const std::vector<typename Policy::hype
       compare(what + ", layout " + c.name + ", d=" + std::to_string(d),
               harness::run_threads<Policy, sharded<Enc>, Prec, cuda>(d, l, h, ro), ref);
   }
+}
+
+/// A whole step captured into a CUDA graph and replayed 10 times leaves what 10 step()
+/// calls leave, bit for bit: step() neither synchronises nor copies (engine/decisions.hpp),
+/// and the device's step counter, loss scale and key advance at each replay. bf16 params
+/// with stochastic rounding, a loss scale that grows every 3 steps.
+void graph_replay_equals_steps() {
+  ++checks;
+  layout l;
+  l.add("w", {300, 17}, dtype::bf16);
+  l.add("b", {50}, dtype::bf16);
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  optimizer_options o;
+  o.master_weights = false;
+  o.loss_scale = dynamic_loss_scale{1024.0, 2.0, 0.5, 3};
+  cudaStream_t stream;  // the legacy default stream cannot be captured
+  cuda_exec::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  using opt_t = optimizer<adamw, replicated<fp32>, single, cuda, precision<bf16, bf16>>;
+  std::vector<bf16> a_params, b_params;
+  std::int64_t a_steps = 0, b_steps = 0;
+  double a_scale = 0, b_scale = 0;
+  {
+    opt_t a(l, h, o, cuda(0, stream)), b(l, h, o, cuda(0, stream));
+    const std::size_t n = a.params().size();
+    std::vector<bf16> p(n), g(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i] = from_float<bf16>(std::sin(0.37f * static_cast<float>(i)));
+      g[i] = from_float<bf16>(std::cos(0.11f * static_cast<float>(i)) * 300.0f);
+    }
+    for (opt_t* x : {&a, &b}) {
+      upload(x->executor(), std::span<const bf16>(p), x->params());
+      upload(x->executor(), std::span<const bf16>(g), x->grads());
+      x->step();  // the first step copies the host's decisions state to the device
+    }
+    for (int s = 0; s < 10; ++s) a.step();
+    cudaGraph_t graph;
+    cudaGraphExec_t replay;
+    cuda_exec::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    b.step();
+    cuda_exec::check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    cuda_exec::check(cudaGraphInstantiate(&replay, graph, 0), "cudaGraphInstantiate");
+    for (int s = 0; s < 10; ++s) cuda_exec::check(cudaGraphLaunch(replay, stream), "cudaGraphLaunch");
+    cuda_exec::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    a_params.resize(n);
+    b_params.resize(n);
+    download(a.executor(), a.params(), std::span<bf16>(a_params));
+    download(b.executor(), b.params(), std::span<bf16>(b_params));
+    a_steps = a.step_count();
+    b_steps = b.step_count();
+    a_scale = a.loss_scale();
+    b_scale = b.loss_scale();
+    cudaGraphExecDestroy(replay);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+  const bool same = a_params.size() == b_params.size() &&
+                    std::memcmp(a_params.data(), b_params.data(), a_params.size() * sizeof(bf16)) == 0;
+  if (same && a_steps == 11 && b_steps == 11 && a_scale == b_scale && a_scale == 8192.0) return;
+  ++failures;
+  std::printf("FAILED: a step captured into a CUDA graph, replayed 10 times: params %s, steps %lld and %lld, "
+              "loss scales %g and %g (want 11 steps, 8192)\n",
+              same ? "equal" : "DIFFERENT", static_cast<long long>(a_steps),
+              static_cast<long long>(b_steps), a_scale, b_scale);
 }
 
 }  // namespace
@@ -99,6 +164,7 @@ int main() {
     q8_master.options.min_8bit_size = 256;
     check_case<lion, q8, precision<bf16, bf16>>("q8 lion, bf16 params + master", {cases::lion_decayed()}, q8_master,
                                                 dtype::bf16);
+    graph_replay_equals_steps();
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;

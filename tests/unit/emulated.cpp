@@ -16,10 +16,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -137,7 +139,7 @@ BOOST_AUTO_TEST_CASE(a_host_read_of_an_optimizer_view_faults_and_upload_download
   std::vector<float> w(64 * 33, 0.25f), g(64 * 33, 0.5f);
   upload(opt.executor(), w, opt.param("w"));
   upload(opt.executor(), g, opt.grad("w"));
-  BOOST_TEST(!opt.step().skipped);
+  BOOST_TEST(!opt.step().get().skipped);
   BOOST_TEST(open_count() == 0);
   BOOST_TEST(child_fails([&] { volatile float x = opt.param("w").data()[0]; (void)x; }));
   BOOST_TEST(child_fails([&] { opt.grad("w").data()[3] = 0.0f; }));
@@ -150,6 +152,78 @@ BOOST_AUTO_TEST_CASE(a_host_read_of_an_optimizer_view_faults_and_upload_download
     BOOST_FAIL("no exception");
   } catch (const std::invalid_argument& err) {
     BOOST_TEST(std::string(err.what()) == "distopt::upload: 5 elements into a view of 2112");
+  }
+}
+
+// The step decided on the device (engine/decisions.hpp): after the first step, which
+// copies the host's decisions state over, step() copies nothing between host and device
+// (what a GPU's host thread would wait for), through a skipped step, the loss scaler's
+// growth and backoff, and stochastic rounding. What it leaves and reports, read on
+// demand, is the CPU executor's, bit for bit; a new hyper-parameter group is copied once.
+BOOST_AUTO_TEST_CASE(a_step_decided_on_the_device_copies_nothing_and_reads_back_on_demand) {
+  layout l;
+  l.add("w", {130, 17}, dtype::bf16);
+  l.add("b", {50}, dtype::bf16);
+  adam::hyper_params h;
+  h.lr = 1e-2;
+  optimizer_options o;
+  o.master_weights = false;  // bf16 params with stochastic rounding: the device's key
+  o.loss_scale = dynamic_loss_scale{1024.0, 2.0, 0.5, 3};
+  using params = precision<bf16, bf16>;
+  optimizer<adam, replicated<fp32>, single, emulated_device, params> dev(l, h, o, emulated_device(2));
+  optimizer<adam, replicated<fp32>, single, cpu, params> host(l, h, o, cpu(2));
+  const std::size_t n = dev.params().size();
+  std::vector<bf16> p(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = from_float<bf16>(std::sin(0.37f * static_cast<float>(i)));
+  upload(dev.executor(), std::span<const bf16>(p), dev.params());
+  std::copy(p.begin(), p.end(), host.params().begin());
+  std::vector<step_result> got, want;
+  std::vector<std::size_t> copies;
+  for (int s = 0; s < 9; ++s) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = from_float<bf16>(std::cos(0.11f * static_cast<float>(i * (s + 1))) * 300.0f);
+    if (s == 4) g[77] = from_float<bf16>(INFINITY);  // skipped, the scale backs off
+    if (s == 6) {  // a schedule: the new group is copied at the next step
+      h.lr = 5e-3;
+      dev.set_hyper(0, h);
+      host.set_hyper(0, h);
+    }
+    upload(dev.executor(), std::span<const bf16>(g), dev.grads());
+    std::copy(g.begin(), g.end(), host.grads().begin());
+    const std::size_t before = detail::device_arenas::instance().copies();
+    auto ticket = dev.step();
+    copies.push_back(detail::device_arenas::instance().copies() - before);
+    got.push_back(ticket.get());
+    want.push_back(host.step());
+  }
+  for (std::size_t s = 0; s < copies.size(); ++s)
+    BOOST_TEST_CONTEXT("step call " << s + 1) {
+      if (s != 0 && s != 6) BOOST_TEST(copies[s] == 0u);  // the first step and new hyper-parameters copy
+      BOOST_TEST(got[s].skipped == want[s].skipped);
+      BOOST_TEST(got[s].found_inf == want[s].found_inf);
+      BOOST_TEST(got[s].step == want[s].step);
+      BOOST_TEST(got[s].loss_scale == want[s].loss_scale);
+      BOOST_TEST(std::memcmp(&got[s].grad_norm, &want[s].grad_norm, sizeof(double)) == 0);
+    }
+  BOOST_TEST(copies[6] > 0u);
+  BOOST_TEST(want[4].skipped);
+  BOOST_TEST(want[3].loss_scale == 2048.0);  // grew after 3 clean steps
+  BOOST_TEST(want[4].loss_scale == 1024.0);  // backed off
+  BOOST_TEST(dev.step_count() == 8);
+  BOOST_TEST(dev.loss_scale() == host.loss_scale());
+  std::vector<bf16> back(n);
+  download(dev.executor(), dev.params(), std::span<bf16>(back));
+  BOOST_TEST(std::memcmp(back.data(), host.params().data(), n * sizeof(bf16)) == 0);
+  BOOST_TEST((dev.state_values("w", 1) == host.state_values("w", 1)));
+
+  const auto old = dev.step();
+  dev.step();
+  try {
+    (void)old.get();
+    BOOST_FAIL("no exception");
+  } catch (const std::logic_error& err) {
+    BOOST_TEST(std::string(err.what()) ==
+               "distopt::optimizer: the result of step() call 10 was read after call 11; read a step's result "
+               "before the next step()");
   }
 }
 

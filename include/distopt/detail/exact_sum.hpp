@@ -24,6 +24,17 @@
 
 namespace distopt::detail {
 
+/// The double with bits `u` (host and device code).
+DISTOPT_HD inline double bits_to_double(std::uint64_t u) noexcept {
+#if DISTOPT_DEVICE_CODE
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+#endif
+}
+
 /// The exact sum of non-negative doubles, plus counts of NaN and Inf terms. Trivially
 /// copyable, all zero when empty; adding runs in host and device code.
 class exact_sum {
@@ -80,16 +91,19 @@ class exact_sum {
 
   /// Writes the accumulator as doubles for an all-reduce (sum): every value is an integer
   /// below 2^32, so a sum over fewer than 2^21 ranks is exact in any order.
-  void to_wire(std::span<double, wire_size> w) noexcept {
+  void to_wire(std::span<double, wire_size> w) noexcept { to_wire(w.data()); }
+  /// The same into `w[0, wire_size)` (device code has no std::span).
+  DISTOPT_HD void to_wire(double* w) noexcept {
     normalize();
-    for (int i = 0; i < limbs; ++i) w[static_cast<std::size_t>(i)] = static_cast<double>(limb_[i]);
+    for (int i = 0; i < limbs; ++i) w[i] = static_cast<double>(limb_[i]);
     w[limbs] = static_cast<double>(nans_);
     w[limbs + 1] = static_cast<double>(infs_);
   }
   /// Reads an all-reduced wire image back.
-  static exact_sum from_wire(std::span<const double, wire_size> w) noexcept {
+  static exact_sum from_wire(std::span<const double, wire_size> w) noexcept { return from_wire(w.data()); }
+  DISTOPT_HD static exact_sum from_wire(const double* w) noexcept {
     exact_sum r;
-    for (int i = 0; i < limbs; ++i) r.limb_[i] = static_cast<std::uint64_t>(w[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < limbs; ++i) r.limb_[i] = static_cast<std::uint64_t>(w[i]);
     r.nans_ = static_cast<std::uint64_t>(w[limbs]);
     r.infs_ = static_cast<std::uint64_t>(w[limbs + 1]);
     r.normalize();
@@ -99,9 +113,9 @@ class exact_sum {
   /// The sum as a double: NaN if a NaN was added, +Inf if an Inf was, otherwise the exact
   /// integer rounded from its top three nonzero limbs (a deterministic function of the
   /// exact sum, within 2 ulp of it).
-  double value() noexcept {
-    if (nans_) return std::numeric_limits<double>::quiet_NaN();
-    if (infs_) return std::numeric_limits<double>::infinity();
+  DISTOPT_HD double value() noexcept {
+    if (nans_) return bits_to_double(0x7ff8000000000000ull);  // quiet NaN
+    if (infs_) return bits_to_double(0x7ff0000000000000ull);  // +Inf
     normalize();
     int top = limbs - 1;
     while (top >= 0 && limb_[top] == 0) --top;

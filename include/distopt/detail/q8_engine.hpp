@@ -60,8 +60,6 @@ struct q8_update_phase : bucket_pieces {
   float* small[4] = {};
   const float* map[4] = {};          ///< each slot's 256 map values
   const std::int32_t* lut[4] = {};  ///< each slot's lookup table (q8_codebook::lookup)
-  float grad_scale = 1.0f;
-  std::uint64_t key = 0;
 
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
     return takes(c, N) ? (pieces[c].count + q8::block - 1) / q8::block : 0;
@@ -69,13 +67,14 @@ struct q8_update_phase : bucket_pieces {
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
     const q8_piece q = where[c];
-    const float scale = tensor_scale ? grad_scale * tensor_scale[pc.tensor] : grad_scale;
+    const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
+    const std::uint64_t random_key = step_key();
     const std::size_t e0 = first * q8::block, e1 = last * q8::block < pc.count ? last * q8::block : pc.count;
     Param* p = params + pc.buffer + e0;
     const Grad* g = grads + (grads_local ? pc.local : pc.buffer) + e0;
     float* m = master ? master + pc.local + e0 : nullptr;
     if (q.quantized) {
-      q8_args<Param, Grad> a{p, g, m, {}, {}, {}, {}, scale, key, pc.layout + e0};
+      q8_args<Param, Grad> a{p, g, m, {}, {}, {}, {}, scale, random_key, pc.layout + e0};
       for (int k = 0; k < N; ++k) {
         a.code[k] = code[k] + q.offset + e0;
         a.absmax[k] = absmax[k] + q.offset / q8::block + first;
@@ -167,6 +166,7 @@ struct q8_engine {
       u.map[k] = host_memory<Exec> ? book.values().data() : map_dev_[nonneg ? 1 : 0].data();
       u.lut[k] = host_memory<Exec> ? book.lookup() : lut_dev_[nonneg ? 1 : 0].data();
     }
+    u.control = o.decision_control();
     u.grad_scale = grad_scale;
     u.key = key;
     launch(o.exec_, b.end_piece - b.first_piece, u);

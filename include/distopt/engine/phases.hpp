@@ -24,6 +24,7 @@
 #include "../detail/exact_sum.hpp"
 #include "../detail/shard_plan.hpp"
 #include "../detail/update_loop.hpp"
+#include "decisions.hpp"
 #include "../types/rounding.hpp"
 
 namespace distopt::detail {
@@ -89,15 +90,22 @@ struct master_load_phase {
 };
 
 /// Which of a bucket's pieces an update pass takes: those whose group uses `n` state slots
-/// this step (pieces of other counts are another pass's), except GaLore's projected matrices.
+/// this step (pieces of other counts are another pass's), except GaLore's projected matrices;
+/// none when the device decided to skip the step. And the step's gradient scale and random
+/// key: the device's decisions when `control` is set, else the host's below.
 struct bucket_pieces {
   const shard_piece* pieces = nullptr;  ///< the bucket's first piece
   const int* slots = nullptr;           ///< per group, state slots in use
   const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
+  const step_control* control = nullptr;  ///< the step decided on the device (engine/decisions.hpp), or null
+  float grad_scale = 1.0f;                ///< the host's decisions (without `control`)
+  std::uint64_t key = 0;
   DISTOPT_HD bool takes(std::size_t c, int n) const noexcept {
     const shard_piece& pc = pieces[c];
-    return slots[pc.group] == n && !(matrix_index && matrix_index[pc.tensor] >= 0);
+    return slots[pc.group] == n && !(matrix_index && matrix_index[pc.tensor] >= 0) && !(control && control->skipped);
   }
+  DISTOPT_HD float step_scale() const noexcept { return control ? control->grad_scale : grad_scale; }
+  DISTOPT_HD std::uint64_t step_key() const noexcept { return control ? control->key : key; }
 };
 
 /// The fused element update of the pieces of one bucket whose group uses N state slots:
@@ -113,20 +121,18 @@ struct update_phase : bucket_pieces {
   bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
   float* master = nullptr;   ///< null without master weights
   Enc* state[4] = {};
-  float grad_scale = 1.0f;
-  std::uint64_t key = 0;
 
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return takes(c, N) ? pieces[c].count : 0; }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
-    const float scale = tensor_scale ? grad_scale * tensor_scale[pc.tensor] : grad_scale;
+    const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
     const std::size_t at = (state_at ? state_at[c] : pc.local) + first;
     update_args<Param, Grad, Enc> a{params + pc.buffer + first,
                                     grads + (grads_local ? pc.local : pc.buffer) + first,
                                     master ? master + pc.local + first : nullptr,
                                     {},
                                     scale,
-                                    key,
+                                    step_key(),
                                     pc.layout + first};
     for (int k = 0; k < N; ++k) a.state[k] = state[k] + at;
     update_range<Policy, N, Mode>(scalars[pc.group], a, last - first);
@@ -144,16 +150,18 @@ struct squares_phase {
   bool grads_local = false;               ///< grads indexed by local index, else buffer index
   const unsigned char* skip = nullptr;  ///< per piece: nonzero = not counted; or null
   double scale = 1.0;
+  const double* divide_by = nullptr;  ///< when set, the factor is 1 / *divide_by (the device's loss scale)
   std::size_t block = 1;
   exact_sum* out = nullptr;
 
   DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
   DISTOPT_HD void operator()(std::size_t w, std::size_t, std::size_t) const {
     const std::size_t end = (w + 1) * per < piece_count ? (w + 1) * per : piece_count;
+    const double factor = divide_by ? 1.0 / *divide_by : scale;
     for (std::size_t c = w * per; c < end; ++c) {
       if (skip && skip[c]) continue;
       const shard_piece& pc = pieces[c];
-      add_block_squares(out[w], grads + (grads_local ? pc.local : pc.buffer), scale, pc.count, block);
+      add_block_squares(out[w], grads + (grads_local ? pc.local : pc.buffer), factor, pc.count, block);
     }
   }
 };

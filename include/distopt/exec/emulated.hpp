@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,10 @@ class device_arenas {
   void close() noexcept;
   /// Launches, copies and collectives in flight.
   int opened() const;
+  /// Counts one copy between host and device memory (copy_bytes).
+  void count_copy() noexcept { copies_.fetch_add(1, std::memory_order_relaxed); }
+  /// Copies so far, in the whole process: what a GPU's host thread would wait for.
+  std::size_t copies() const noexcept { return copies_.load(std::memory_order_relaxed); }
 
  private:
   std::size_t rounded(std::size_t bytes) const noexcept {
@@ -54,6 +59,7 @@ class device_arenas {
   mutable std::mutex m_;
   std::unordered_map<void*, std::size_t> arenas_;  // start -> mapped bytes
   int open_ = 0;
+  std::atomic<std::size_t> copies_{0};
   std::size_t page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 };
 
@@ -174,6 +180,7 @@ class emulated_device {
 
   /// Copies n bytes between host and device memory (either direction, or device to device).
   void copy_bytes(void* dst, const void* src, std::size_t n) {
+    detail::device_arenas::instance().count_copy();
     const access_scope open;
     if (n) std::memcpy(dst, src, n);
   }

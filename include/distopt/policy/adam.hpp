@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <tuple>
 
@@ -12,6 +13,19 @@
 
 namespace distopt {
 namespace detail {
+
+/// b^n for n >= 0 by repeated squaring: IEEE multiplications only, so host and device
+/// code give the same bits (a device's pow is not the host's). Within about 2 log2(n)
+/// double roundings of std::pow, far below the fp32 scalars' rounding.
+DISTOPT_HD inline double pow_steps(double b, std::int64_t n) noexcept {
+  double r = 1.0;
+  while (n > 0) {
+    if (n & 1) r *= b;
+    b *= b;
+    n >>= 1;
+  }
+  return r;
+}
 
 /// Adam and AdamW differ only in how weight decay enters (L2 on the gradient, or decoupled
 /// on the parameter) and in its default; the rest follows torch.optim.Adam's single-tensor
@@ -66,10 +80,10 @@ struct adam_family {
     float neg_step_size;         // -lr / (1 - beta1^step)
   };
 
-  static scalars prepare(const hyper_params& h, const step_info& s) {
-    const double step = static_cast<double>(s.step);
-    const double bc1 = 1.0 - std::pow(h.betas[0], step);
-    const double bc2 = 1.0 - std::pow(h.betas[1], step);
+  /// Host and device code (a device executor prepares each step on the device).
+  DISTOPT_HD static scalars prepare(const hyper_params& h, const step_info& s) {
+    const double bc1 = 1.0 - pow_steps(h.betas[0], s.step);
+    const double bc2 = 1.0 - pow_steps(h.betas[1], s.step);
     return {h.maximize ? -1.0f : 1.0f,
             static_cast<float>(h.weight_decay),
             static_cast<float>(1.0 - h.lr * h.weight_decay),

@@ -44,7 +44,8 @@ struct lion {
     float lr, decay, beta1, one_minus_beta1, beta2, one_minus_beta2;
   };
 
-  static scalars prepare(const hyper_params& h, const step_info&) {
+  /// Host and device code (a device executor prepares each step on the device).
+  DISTOPT_HD static scalars prepare(const hyper_params& h, const step_info&) {
     return {static_cast<float>(h.lr),
             static_cast<float>(1.0 - h.lr * h.weight_decay),
             static_cast<float>(h.betas[0]),

@@ -59,7 +59,8 @@ struct sgd {
     float neg_lr;
   };
 
-  static scalars prepare(const hyper_params& h, const step_info& s) {
+  /// Host and device code (a device executor prepares each step on the device).
+  DISTOPT_HD static scalars prepare(const hyper_params& h, const step_info& s) {
     const bool fresh = h.momentum == 0.0 || s.fresh_state;
     return {h.maximize ? -1.0f : 1.0f,
             static_cast<float>(h.weight_decay),

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file The step's decisions as phases, for executors whose memory the host reaches only
+/// through copies (cuda, the emulated device). Whether a step is skipped, its gradient
+/// scale, the step counter, the loss scale and the stochastic-rounding key live in one
+/// `step_control` in the executor's memory. The phases below compute them there, and the
+/// update phases read them (update_phase, q8_update_phase): a step needs no copy to or
+/// from the host, so a GPU's host thread never waits for it, and the whole step can be
+/// captured into a CUDA graph and replayed.
+///
+/// The same arithmetic as the host path of optimizer::step(), in the same order (the same
+/// bits): the exact norm from the exact sums of the squares phase, the finite check,
+/// clip coefficient / loss scale, GradScaler's update, the group scalars of
+/// Policy::prepare (a DISTOPT_HD function for the policies that run on a device).
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "../config.hpp"
+#include "../detail/exact_sum.hpp"
+#include "../step_info.hpp"
+#include "../types/rounding.hpp"
+
+namespace distopt::detail {
+
+/// What persists from step to step on the device, and what the last step decided.
+struct step_control {
+  std::int64_t step = 0;            ///< steps taken
+  std::int64_t growth_tracker = 0;  ///< clean steps since the loss scale last changed
+  double loss_scale = 1.0;          ///< 1 without loss scaling
+  double grad_norm = 0.0;           ///< the last step's global norm (NaN when not computed)
+  std::uint64_t key = 0;            ///< the last step's stochastic-rounding key
+  std::int64_t decided = 0;         ///< step() calls decided so far (skipped ones included)
+  float grad_scale = 1.0f;          ///< the last step's clip coefficient / loss scale
+  int skipped = 0;                  ///< the last step was skipped (a NaN or Inf gradient)
+};
+
+/// The constants of one decision, from the host (options and clip_grad_norm's result).
+struct step_rules {
+  bool check = false;     ///< check_finite or loss scaling: a non-finite norm skips
+  bool clip = false;      ///< clip_grad_norm was called: its norm and coefficient below
+  bool scaler = false;    ///< dynamic loss scaling
+  double clip_norm = 0.0, clip_coef = 1.0;
+  double growth_factor = 2.0, backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  std::uint64_t seed = 0;
+};
+
+/// The sum of `items` exact sums as a wire image (`wire[exact_sum::wire_size]`), ready for
+/// an all-reduce over ranks. One item of size 1.
+struct norm_wire_phase {
+  const exact_sum* sums = nullptr;
+  std::size_t items = 0;
+  double* wire = nullptr;
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t, std::size_t, std::size_t) const {
+    exact_sum total;
+    for (std::size_t i = 0; i < items; ++i) total.add(sums[i]);
+    total.to_wire(wire);
+  }
+};
+
+/// Decides the step: norm (from `wire`, or NaN when it is null), skip, gradient scale,
+/// step counter, key, and the loss scaler's update. One item of size 1.
+struct decide_phase {
+  const double* wire = nullptr;  ///< the all-reduced squared norm, or null
+  step_rules rules;
+  step_control* control = nullptr;
+
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t, std::size_t, std::size_t) const {
+    step_control& c = *control;
+    double norm = bits_to_double(0x7ff8000000000000ull);  // NaN: not computed
+    double coef = 1.0;
+    if (rules.clip) {
+      norm = rules.clip_norm;
+      coef = rules.clip_coef;
+    } else if (wire) {
+      norm = std::sqrt(exact_sum::from_wire(wire).value());
+    }
+    ++c.decided;
+    c.grad_norm = norm;
+    c.skipped = rules.check && !(norm - norm == 0.0);  // NaN or Inf
+    if (c.skipped) {
+      if (rules.scaler) {
+        c.loss_scale *= rules.backoff_factor;
+        c.growth_tracker = 0;
+      }
+      return;
+    }
+    ++c.step;
+    c.grad_scale = static_cast<float>(coef / c.loss_scale);
+    c.key = splitmix64_finalise(rules.seed ^ splitmix64_finalise(static_cast<std::uint64_t>(c.step)));
+    if (rules.scaler && ++c.growth_tracker == rules.growth_interval) {
+      c.loss_scale *= rules.growth_factor;
+      c.growth_tracker = 0;
+    }
+  }
+};
+
+/// 1 / loss scale, the squares phase's factor (`out[0]`), from the control. One item.
+struct inverse_scale_phase {
+  const step_control* control = nullptr;
+  double* out = nullptr;
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t, std::size_t, std::size_t) const { out[0] = 1.0 / control->loss_scale; }
+};
+
+/// Each group's scalars for the step just decided (item g), unless it was skipped:
+/// Policy::prepare on the device, as the host path calls it. `started[g]` records that
+/// the group's state has been used (step_info::fresh_state).
+template <class Policy>
+struct prepare_phase {
+  const typename Policy::hyper_params* groups = nullptr;
+  const int* slots = nullptr;  ///< per group, state slots in use
+  unsigned char* started = nullptr;
+  typename Policy::scalars* out = nullptr;
+  const step_control* control = nullptr;
+
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t g, std::size_t, std::size_t) const {
+    if (control->skipped) return;
+    out[g] = Policy::prepare(groups[g], step_info{control->step, slots[g] > 0 && !started[g]});
+    if (slots[g] > 0) started[g] = 1;
+  }
+};
+
+}  // namespace distopt::detail
