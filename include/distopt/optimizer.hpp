@@ -63,6 +63,12 @@ struct optimizer_options {
   bool master_weights = true;
   /// Scan gradients for NaN/Inf before each step and skip the step if one is found.
   bool check_finite = true;
+  /// Clip the global grad norm to this inside each step (0 = off): the gradients are scaled
+  /// by min(1, max_grad_norm / (norm + 1e-6)), as clip_grad_norm(max_grad_norm) called
+  /// before the step, with the same bits. The norm is the finite check's; on a device
+  /// executor it never reaches the host. An explicit clip_grad_norm call overrides it for
+  /// the step that follows.
+  double max_grad_norm = 0.0;
   /// Seed of the stochastic rounding; the random bits depend only on (seed, step, element).
   std::uint64_t seed = 0;
   /// Dynamic loss scaling (for fp16 gradients); off when empty.
@@ -163,6 +169,9 @@ DISTOPT_CORE_FN void check_arguments(std::string_view policy, const layout& l, d
   if (layerwise && o.percentile_clipping < 100)
     throw std::invalid_argument(std::string(policy) +
                                 ": percentile_clipping is for element-wise policies (set it to 100)");
+  if (!(o.max_grad_norm >= 0.0) || !std::isfinite(o.max_grad_norm))
+    throw std::invalid_argument("distopt::optimizer: max_grad_norm must be a finite value >= 0 (0 = off), got " +
+                                std::to_string(o.max_grad_norm));
   if (o.bucket_elems == 0) throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
   if (chunk_elems % l.block_size() != 0)
     throw std::invalid_argument("distopt::optimizer: the layout's block size " + std::to_string(l.block_size()) +
@@ -556,7 +565,7 @@ class optimizer {
       throw std::invalid_argument("clip_grad_norm: invalid max_norm " + std::to_string(max_norm) +
                                   ": must be a finite value > 0");
     const double norm = grad_norm();
-    clip_ = clip_state{norm, std::min(1.0, max_norm / (norm + 1e-6))};
+    clip_ = clip_state{norm, detail::clip_coefficient(max_norm, norm)};
     return norm;
   }
 
@@ -720,8 +729,9 @@ class optimizer {
     if (clip_) {
       norm = clip_->norm;
       coef = clip_->coef;
-    } else if (options_.check_finite || scaler_) {
+    } else if (options_.check_finite || scaler_ || options_.max_grad_norm > 0.0) {
       norm = grad_norm();
+      if (options_.max_grad_norm > 0.0) coef = detail::clip_coefficient(options_.max_grad_norm, norm);
     }
     reduce_grads();
     clip_.reset();
@@ -834,12 +844,13 @@ class optimizer {
       rules.growth_interval = options_.loss_scale->growth_interval;
     }
     rules.seed = options_.seed;
+    rules.max_norm = options_.max_grad_norm;
     if (clip_) {
       rules.clip = true;
       rules.clip_norm = clip_->norm;
       rules.clip_coef = clip_->coef;
     }
-    const double* wire = !clip_ && rules.check ? device_norm_wire() : nullptr;
+    const double* wire = !clip_ && (rules.check || rules.max_norm > 0.0) ? device_norm_wire() : nullptr;
     clip_.reset();
     reduced_ = false;
     if (uses_master() && !master_ready_) load_master_from_params();

@@ -169,6 +169,7 @@ BOOST_AUTO_TEST_CASE(a_step_decided_on_the_device_copies_nothing_and_reads_back_
   optimizer_options o;
   o.master_weights = false;  // bf16 params with stochastic rounding: the device's key
   o.loss_scale = dynamic_loss_scale{1024.0, 2.0, 0.5, 3};
+  o.max_grad_norm = 4.0;  // the unscaled norms are 4.9 to 9.9 (and one Inf): every step clips
   using params = precision<bf16, bf16>;
   optimizer<adam, replicated<fp32>, single, emulated_device, params> dev(l, h, o, emulated_device(2));
   optimizer<adam, replicated<fp32>, single, cpu, params> host(l, h, o, cpu(2));
@@ -210,6 +211,9 @@ BOOST_AUTO_TEST_CASE(a_step_decided_on_the_device_copies_nothing_and_reads_back_
   BOOST_TEST(want[4].loss_scale == 1024.0);  // backed off
   BOOST_TEST(dev.step_count() == 8);
   BOOST_TEST(dev.loss_scale() == host.loss_scale());
+  double on_device = 0.0;
+  download(dev.executor(), dev.loss_scale_on_device(), std::span<double>(&on_device, 1));
+  BOOST_TEST(on_device == host.loss_scale());
   std::vector<bf16> back(n);
   download(dev.executor(), dev.params(), std::span<bf16>(back));
   BOOST_TEST(std::memcmp(back.data(), host.params().data(), n * sizeof(bf16)) == 0);

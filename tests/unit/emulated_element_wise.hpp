@@ -24,6 +24,15 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(adamw_clipped_with_percentile_clipping, Exec, elem
   check_executor<Exec, adamw, fp32, precision<float>>({h}, ro);
 }
 
+// Clipped inside the step (optimizer_options::max_grad_norm): decided on the device.
+BOOST_AUTO_TEST_CASE_TEMPLATE(adamw_clipped_inside_the_step, Exec, element_wise_executors) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.options.max_grad_norm = 1.0;
+  check_executor<Exec, adamw, fp32, precision<float>>({h}, ro);
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(lion_bf16_stochastic_rounding, Exec, element_wise_executors) {
   check_executor<Exec, lion, fp32, precision<bf16, float>>({cases::lion_decayed()}, cases::stochastic_rounding(),
                                                            dtype::bf16);

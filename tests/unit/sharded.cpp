@@ -96,6 +96,25 @@ BOOST_AUTO_TEST_CASE(adamw_with_clipping_every_d) {
   check_every_d<adamw, bf16>({adamw_default()}, ro);
 }
 
+// optimizer_options::max_grad_norm clips inside the step with the bits of clip_grad_norm
+// called before it, for every d, with the finite check on or off.
+BOOST_AUTO_TEST_CASE(max_grad_norm_clips_as_clip_grad_norm_every_d) {
+  const layout l = make_layout(awkward_layouts()[0], dtype::f32);
+  run_options called;
+  called.clip = 1.0;
+  const outcome ref = run_single<adamw, fp32, precision<float>>(l, {adamw_default()}, called);
+  BOOST_TEST(!(run_single<adamw, fp32, precision<float>>(l, {adamw_default()}, {}).params == ref.params));  // it clips
+  for (bool check : {true, false}) {
+    run_options in_step;
+    in_step.options.max_grad_norm = 1.0;
+    in_step.options.check_finite = check;
+    for (int d = 1; d <= 4; ++d)
+      BOOST_TEST_CONTEXT("check_finite " << check << ", d=" << d) {
+        BOOST_TEST((run_threads<adamw, sharded<fp32>, precision<float>>(d, l, {adamw_default()}, in_step) == ref));
+      }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(lion_every_d) {
   check_every_d<lion, fp32>({lion_default()}, {});
   check_every_d<lion, bf16>({lion_default()}, {});

@@ -437,6 +437,14 @@ BOOST_AUTO_TEST_CASE(bad_options_are_refused) {
   o.bucket_elems = 0;
   BOOST_CHECK_EXCEPTION((optimizer<sgd, sharded<fp32>>(l, sgd::hyper_params{}, o)), std::invalid_argument,
                         [](const std::exception& e) { return message_contains(e, "bucket_elems must be > 0"); });
+  for (double bad : {-1.0, static_cast<double>(NAN), static_cast<double>(INFINITY)}) {
+    o = {};
+    o.max_grad_norm = bad;
+    BOOST_CHECK_EXCEPTION((optimizer<sgd, sharded<fp32>>(l, sgd::hyper_params{}, o)), std::invalid_argument,
+                          [](const std::exception& e) {
+                            return message_contains(e, "max_grad_norm must be a finite value >= 0 (0 = off), got");
+                          });
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

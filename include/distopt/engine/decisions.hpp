@@ -37,12 +37,19 @@ struct step_control {
   int skipped = 0;                  ///< the last step was skipped (a NaN or Inf gradient)
 };
 
+/// torch.nn.utils.clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)); 1 for a NaN norm.
+DISTOPT_HD inline double clip_coefficient(double max_norm, double norm) noexcept {
+  const double q = max_norm / (norm + 1e-6);
+  return q < 1.0 ? q : 1.0;
+}
+
 /// The constants of one decision, from the host (options and clip_grad_norm's result).
 struct step_rules {
   bool check = false;     ///< check_finite or loss scaling: a non-finite norm skips
   bool clip = false;      ///< clip_grad_norm was called: its norm and coefficient below
   bool scaler = false;    ///< dynamic loss scaling
   double clip_norm = 0.0, clip_coef = 1.0;
+  double max_norm = 0.0;  ///< optimizer_options::max_grad_norm: clip by the norm computed here (0 = off)
   double growth_factor = 2.0, backoff_factor = 0.5;
   std::int64_t growth_interval = 2000;
   std::uint64_t seed = 0;
@@ -79,6 +86,7 @@ struct decide_phase {
       coef = rules.clip_coef;
     } else if (wire) {
       norm = std::sqrt(exact_sum::from_wire(wire).value());
+      if (rules.max_norm > 0.0) coef = clip_coefficient(rules.max_norm, norm);
     }
     ++c.decided;
     c.grad_norm = norm;
