@@ -668,6 +668,7 @@ struct checkpoint_access {
   /// Every piece of state this rank holds, as checkpoint items.
   template <class Opt>
   static std::vector<distopt::detail::checkpoint_item> checkpoint_items(Opt& o) {
+    o.sync_decisions();  // a device executor's master_ready
     std::vector<distopt::detail::checkpoint_item> out;
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();

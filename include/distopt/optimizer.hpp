@@ -463,9 +463,8 @@ class optimizer {
                                   ": these hyper-parameters need more state than was allocated");
     if constexpr (is_layerwise) layer_.check_hyper(*this, check_group(g), h);
     if constexpr (orthogonalizes) ortho_.check_hyper(*this, check_group(g), h);
-    sync_decisions();
     groups_.at(check_group(g)) = std::move(h);
-    decisions_changed_ = true;
+    groups_changed_ = true;  // a device executor copies the groups before the next step
   }
   /// Number of hyper-parameter groups.
   int group_count() const noexcept { return static_cast<int>(groups_.size()); }
@@ -496,6 +495,7 @@ class optimizer {
       throw std::invalid_argument("distopt::optimizer: tp_rank must be >= 0, got " + std::to_string(tp_rank));
     model_parallel_.emplace(std::move(group));
     tp_rank_ = tp_rank;
+    step_skip_host_.clear();
   }
 
   /// Sets the tensor-parallel group: the ranks holding the other rows or columns of the
@@ -507,6 +507,7 @@ class optimizer {
   void set_tensor_parallel_group(Comm group) {
     tp_.emplace(std::move(group));
     if (!model_parallel_) tp_rank_ = tp_->rank();
+    step_skip_host_.clear();
     if constexpr (is_layerwise) layer_.init_geometry(*this);
   }
 
@@ -624,12 +625,10 @@ class optimizer {
   /// the first step, call it again after overwriting params by hand.
   void load_master_from_params() {
     if (!uses_master()) return;
-    detail::master_load_phase<param_type> load;
-    load.pieces = exec_pieces();
-    load.params = params_.data();
-    load.master = master_.data();
-    detail::launch(exec_, plan_.pieces().size(), load);
+    launch_master_load(nullptr);
+    sync_decisions();
     master_ready_ = true;
+    decisions_changed_ = true;  // a device executor's control learns it before the next step
   }
 
   /// Bytes this rank allocates, by category, and per parameter of the model. Each figure
@@ -677,6 +676,11 @@ class optimizer {
         add("state " + std::to_string(k), states_[k].bytes(), states_[k].size(), local_used);
     }
     if (!gnorm_vec_.empty()) r.entries.push_back({"clip history", gnorm_vec_.size() * sizeof(gnorm_vec_[0])});
+    // Device executors: the piece table and what each step's launches read and write there.
+    const std::size_t tables = pieces_dev_.bytes() + step_scalars_.bytes() + step_slots_.bytes() +
+                               step_clip_scale_.bytes() + step_skip_.bytes() + step_sums_.bytes() + control_.bytes() +
+                               groups_dev_.bytes() + started_dev_.bytes() + norm_wire_.bytes();
+    if (tables) r.entries.push_back({"step tables", tables});
     r.entries.push_back({"padding", padding});
     r.entries.push_back({"comm buffers", staging_.bytes()});
     return r;
@@ -787,6 +791,7 @@ class optimizer {
     step_ = c.step;
     if (scaler_) scaler_->restore(c.loss_scale, c.growth_tracker);
     state_started_.assign(started.begin(), started.end());
+    master_ready_ = c.master_ready != 0;
     last_result_ = step_result{c.skipped != 0, c.skipped != 0, c.grad_norm, c.step, scaler_ ? c.loss_scale : 1.0};
     mirror_stale_ = false;
   }
@@ -795,29 +800,42 @@ class optimizer {
   /// or a step decided on the host) to the device, where the next step reads it.
   void push_decisions() {
     if constexpr (!host_memory<Exec>) {
-      if (!decisions_changed_) return;
-      sync_decisions();
       static_assert(std::is_trivially_copyable_v<hyper_params>,
                     "distopt: a device executor reads the hyper-parameters in its memory: they must be trivially copyable");
       if (control_.size() == 0) {
         control_ = detail::buffer<detail::step_control, Exec>(exec_, 1);
         norm_wire_ = detail::buffer<double, Exec>(exec_, detail::exact_sum::wire_size);
-      }
-      detail::step_control c;
-      c.step = step_;
-      c.loss_scale = scaler_ ? scaler_->scale() : 1.0;
-      c.growth_tracker = scaler_ ? scaler_->growth_tracker() : 0;
-      c.decided = step_calls_;
-      detail::copy_bytes(exec_, control_.data(), &c, sizeof c);
-      in_exec(groups_, groups_dev_);
-      std::vector<unsigned char> started(groups_.size());
-      for (std::size_t g = 0; g < groups_.size(); ++g) started[g] = g < state_started_.size() && state_started_[g];
-      in_exec(started, started_dev_);
-      in_exec(group_slots(), step_slots_);
-      if (step_scalars_.size() < groups_.size())
         step_scalars_ = detail::buffer<typename Policy::scalars, Exec>(exec_, groups_.size());
-      decisions_changed_ = false;
+      }
+      if (decisions_changed_) {
+        sync_decisions();
+        detail::step_control c;
+        c.step = step_;
+        c.loss_scale = scaler_ ? scaler_->scale() : 1.0;
+        c.growth_tracker = scaler_ ? scaler_->growth_tracker() : 0;
+        c.master_ready = master_ready_;
+        detail::copy_bytes(exec_, control_.data(), &c, sizeof c);
+        std::vector<unsigned char> started(groups_.size());
+        for (std::size_t g = 0; g < groups_.size(); ++g) started[g] = g < state_started_.size() && state_started_[g];
+        in_exec(started, started_dev_);
+        decisions_changed_ = false;
+      }
+      if (groups_changed_) {  // set_hyper: the hyper-parameters and slot counts only
+        in_exec(groups_, groups_dev_);
+        in_exec(group_slots(), step_slots_);
+        groups_changed_ = false;
+      }
     }
+  }
+
+  /// The master load phase over this rank's pieces; with `control`, as the device decided.
+  void launch_master_load(const detail::step_control* control) {
+    detail::master_load_phase<param_type> load;
+    load.pieces = exec_pieces();
+    load.params = params_.data();
+    load.master = master_.data();
+    load.control = control;
+    detail::launch(exec_, plan_.pieces().size(), load);
   }
 
   /// Each group's state slots in use.
@@ -850,15 +868,16 @@ class optimizer {
       rules.clip_norm = clip_->norm;
       rules.clip_coef = clip_->coef;
     }
+    rules.master = uses_master();
     const double* wire = !clip_ && (rules.check || rules.max_norm > 0.0) ? device_norm_wire() : nullptr;
     clip_.reset();
     reduced_ = false;
-    if (uses_master() && !master_ready_) load_master_from_params();
     detail::decide_phase decide;
     decide.wire = wire;
     decide.rules = rules;
     decide.control = control_.data();
     detail::launch(exec_, 1, decide);
+    if (uses_master()) launch_master_load(control_.data());  // loads at the first step taken
     detail::prepare_phase<Policy> prepare;
     prepare.groups = groups_dev_.data();
     prepare.slots = step_slots_.data();
@@ -1159,10 +1178,14 @@ class optimizer {
     sq.divide_by = divide_by;
     sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
     if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
-      step_skip_host_.resize(pieces.size());
-      for (std::size_t c = 0; c < pieces.size(); ++c)
-        step_skip_host_[c] = layout_.tensors()[pieces[c].tensor].tp == tp_split::none;
-      sq.skip = in_exec(step_skip_host_, step_skip_);
+      if (step_skip_host_.empty()) {  // made once (the groups' setters clear it)
+        step_skip_host_.resize(pieces.size());
+        for (std::size_t c = 0; c < pieces.size(); ++c)
+          step_skip_host_[c] = layout_.tensors()[pieces[c].tensor].tp == tp_split::none;
+        in_exec(step_skip_host_, step_skip_);
+      }
+      if constexpr (host_memory<Exec>) sq.skip = step_skip_host_.data();
+      else sq.skip = step_skip_.data();
     }
     return sq;
   }
@@ -1391,6 +1414,7 @@ class optimizer {
   std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
   std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
   std::optional<clip_state> clip_;
+  mutable bool master_ready_ = false;           // idem
   mutable std::int64_t step_ = 0;               // on a device executor, a copy of the device's
   mutable std::vector<bool> state_started_;  // per group: has its state been used yet (idem)
   std::int64_t step_calls_ = 0;                // step() calls, skipped ones included
@@ -1403,8 +1427,8 @@ class optimizer {
   detail::buffer<double, Exec> norm_wire_;
   mutable bool mirror_stale_ = false;  // the device decided steps the host's copies have not read
   bool decisions_changed_ = true;      // the host's copies changed: push_decisions before the next step
+  bool groups_changed_ = true;         // the hyper-parameters changed: idem
   std::vector<unsigned char> step_skip_host_;  // the norm's skipped pieces (TP ranks other than 0)
-  bool master_ready_ = false;
   bool reduced_ = false;  // grads reduced since the last step
   // Per bucket: what its collective in flight holds open (the emulated device's memory)
   // until it is waited for. Declared before pending_, so that it is destroyed after the

@@ -231,6 +231,42 @@ BOOST_AUTO_TEST_CASE(a_step_decided_on_the_device_copies_nothing_and_reads_back_
   }
 }
 
+// The master weights are loaded at the first step taken, as on the host: a skipped first
+// step loads nothing, so params written by hand after it are the ones the master takes.
+BOOST_AUTO_TEST_CASE(master_weights_load_at_the_first_step_taken_on_the_device) {
+  layout l;
+  l.add("w", {40, 9}, dtype::bf16);
+  using params = precision<bf16, bf16>;
+  optimizer<adamw, replicated<fp32>, single, emulated_device, params> dev(l, adamw::hyper_params{}, {},
+                                                                          emulated_device(1));
+  optimizer<adamw, replicated<fp32>, single, cpu, params> host(l, adamw::hyper_params{}, {});
+  const std::size_t n = dev.params().size();
+  std::vector<bf16> p(n, from_float<bf16>(0.5f)), g(n, from_float<bf16>(0.25f));
+  const auto put = [&](auto& opt, auto view, const std::vector<bf16>& v) {
+    upload(opt.executor(), std::span<const bf16>(v), view);
+  };
+  put(dev, dev.params(), p);
+  put(host, host.params(), p);
+  g[3] = from_float<bf16>(NAN);
+  put(dev, dev.grads(), g);
+  put(host, host.grads(), g);
+  BOOST_TEST(dev.step().get().skipped);
+  BOOST_TEST(host.step().skipped);
+  std::fill(p.begin(), p.end(), from_float<bf16>(-2.0f));  // new params, by hand
+  g[3] = from_float<bf16>(0.25f);
+  put(dev, dev.params(), p);
+  put(host, host.params(), p);
+  put(dev, dev.grads(), g);
+  put(host, host.grads(), g);
+  BOOST_TEST(!dev.step().get().skipped);
+  BOOST_TEST(!host.step().skipped);
+  std::vector<float> dev_master(40 * 9), host_master(40 * 9);
+  download(dev.executor(), dev.local_master("w").values, std::span<float>(dev_master));
+  download(host.executor(), host.local_master("w").values, std::span<float>(host_master));
+  BOOST_TEST((dev_master == host_master));
+  BOOST_TEST(host_master[0] < -1.9f);  // from the new params
+}
+
 BOOST_AUTO_TEST_CASE(an_optimizer_destroyed_with_collectives_in_flight_closes_the_memory_after_them) {
   layout l;
   l.add("w", {3000}, dtype::f32);

@@ -44,6 +44,16 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(q8_adamw_with_percentile_clipping, Exec, element_w
   check_executor<Exec, adamw, q8, precision<float>>({h}, cases::q8_percentile_clipping());
 }
 
+// bf16 params with stochastic rounding and q8 states: the random key of the step decided
+// on the device reaches the 8-bit tensors and those below min_8bit_size (fp32 states).
+BOOST_AUTO_TEST_CASE_TEMPLATE(q8_adamw_bf16_stochastic_rounding, Exec, element_wise_executors) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro = cases::stochastic_rounding();
+  ro.options.min_8bit_size = 256;
+  check_executor<Exec, adamw, q8, precision<bf16, bf16>>({h}, ro, dtype::bf16);
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(q8_lion_bf16_params_with_master, Exec, element_wise_executors) {
   lion::hyper_params h;
   h.lr = 1e-3;

@@ -83,7 +83,7 @@ struct q8_update_phase : bucket_pieces {
       }
       update_range_q8<Policy, N, Mode>(scalars[pc.group], a, e1 - e0);
     } else {
-      update_args<Param, Grad, float> a{p, g, m, {}, scale, key, pc.layout + e0};
+      update_args<Param, Grad, float> a{p, g, m, {}, scale, random_key, pc.layout + e0};
       for (int k = 0; k < N; ++k) a.state[k] = small[k] + q.offset + e0;
       update_range<Policy, N, Mode>(scalars[pc.group], a, e1 - e0);
     }

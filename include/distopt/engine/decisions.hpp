@@ -32,9 +32,10 @@ struct step_control {
   double loss_scale = 1.0;          ///< 1 without loss scaling
   double grad_norm = 0.0;           ///< the last step's global norm (NaN when not computed)
   std::uint64_t key = 0;            ///< the last step's stochastic-rounding key
-  std::int64_t decided = 0;         ///< step() calls decided so far (skipped ones included)
   float grad_scale = 1.0f;          ///< the last step's clip coefficient / loss scale
   int skipped = 0;                  ///< the last step was skipped (a NaN or Inf gradient)
+  int master_ready = 0;             ///< the fp32 master weights hold the params
+  int load_master = 0;              ///< this step loads them first (its first step not skipped)
 };
 
 /// torch.nn.utils.clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)); 1 for a NaN norm.
@@ -48,6 +49,7 @@ struct step_rules {
   bool check = false;     ///< check_finite or loss scaling: a non-finite norm skips
   bool clip = false;      ///< clip_grad_norm was called: its norm and coefficient below
   bool scaler = false;    ///< dynamic loss scaling
+  bool master = false;    ///< fp32 master weights: loaded from the params at the first step taken
   double clip_norm = 0.0, clip_coef = 1.0;
   double max_norm = 0.0;  ///< optimizer_options::max_grad_norm: clip by the norm computed here (0 = off)
   double growth_factor = 2.0, backoff_factor = 0.5;
@@ -88,9 +90,10 @@ struct decide_phase {
       norm = std::sqrt(exact_sum::from_wire(wire).value());
       if (rules.max_norm > 0.0) coef = clip_coefficient(rules.max_norm, norm);
     }
-    ++c.decided;
     c.grad_norm = norm;
     c.skipped = rules.check && !(norm - norm == 0.0);  // NaN or Inf
+    c.load_master = rules.master && !c.skipped && !c.master_ready;
+    if (c.load_master) c.master_ready = 1;
     if (c.skipped) {
       if (rules.scaler) {
         c.loss_scale *= rules.backoff_factor;

@@ -74,13 +74,17 @@ struct widen_phase : chunked {
   }
 };
 
-/// Copies each piece's params into its fp32 master weights (local index).
+/// Copies each piece's params into its fp32 master weights (local index); with `control`,
+/// only when the device decided so (the first step not skipped).
 template <class P>
 struct master_load_phase {
   const shard_piece* pieces = nullptr;
   const P* params = nullptr;
   float* master = nullptr;
-  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return pieces[c].count; }
+  const step_control* control = nullptr;
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
+    return control && !control->load_master ? 0 : pieces[c].count;
+  }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
     const P* p = params + pc.buffer;

@@ -11,9 +11,9 @@
 /// weights or stochastic rounding, the exact global norm, clipping, percentile clipping,
 /// loss scaling and the NaN/Inf skip; host communicators (single, threads, mpi, any_comm),
 /// whose collectives the optimizer stages through host memory. The layer-wise and GaLore
-/// engines are host loops still (the optimizer refuses them on cuda at compile time), and
-/// the step reads the norm back to the host (one synchronisation a step with the finite
-/// check or clipping on).
+/// engines are host loops still (the optimizer refuses them on cuda at compile time). The
+/// element-wise step is decided on the device (engine/decisions.hpp): with `single` it
+/// makes no copy and no synchronisation, and a CUDA graph can capture it.
 
 #include <cuda_runtime.h>
 
