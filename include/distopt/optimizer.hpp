@@ -63,12 +63,6 @@ struct optimizer_options {
   bool master_weights = true;
   /// Scan gradients for NaN/Inf before each step and skip the step if one is found.
   bool check_finite = true;
-  /// Clip the global grad norm to this inside each step (0 = off): the gradients are scaled
-  /// by min(1, max_grad_norm / (norm + 1e-6)), as clip_grad_norm(max_grad_norm) called
-  /// before the step, with the same bits. The norm is the finite check's; on a device
-  /// executor it never reaches the host. An explicit clip_grad_norm call overrides it for
-  /// the step that follows.
-  double max_grad_norm = 0.0;
   /// Seed of the stochastic rounding; the random bits depend only on (seed, step, element).
   std::uint64_t seed = 0;
   /// Dynamic loss scaling (for fp16 gradients); off when empty.
@@ -93,6 +87,13 @@ struct optimizer_options {
   /// down to it. Norms are of the whole tensor, summed exactly over shards and TP ranks.
   /// Element-wise policies only.
   int percentile_clipping = 100;
+  /// Clip the global grad norm to this inside each step (0 = off): the gradients are scaled
+  /// by min(1, max_grad_norm / (norm + 1e-6)), as clip_grad_norm(max_grad_norm) called
+  /// before the step, with the same bits. The norm is the finite check's; on a device
+  /// executor it never reaches the host. An explicit clip_grad_norm call overrides it for
+  /// the step that follows.
+  double max_grad_norm = 0.0;
+  // New options go last: code that initialises this struct positionally keeps compiling.
 };
 
 namespace io {
