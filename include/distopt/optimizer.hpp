@@ -1336,8 +1336,7 @@ class optimizer {
       active.push_back(slots);
       if (slots > 0) state_started_[g] = true;
     }
-    const std::uint64_t key = detail::splitmix64_finalise(
-        options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(step_)));
+    const std::uint64_t key = detail::step_key(options_.seed, step_);
     if (uses_master()) run_mode<mode_for(true)>(sc, grads, grad_scale, key, active);
     else run_mode<mode_for(false)>(sc, grads, grad_scale, key, active);
   }

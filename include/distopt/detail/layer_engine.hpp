@@ -204,8 +204,7 @@ struct layer_engine {
     o.wait_pending();  // every bucket's reduction: phase 0 reads all of them
     std::vector<typename Policy::scalars> sc;
     for (std::size_t g = 0; g < o.groups_.size(); ++g) sc.push_back(Policy::prepare(o.groups_[g], step_info{o.step_, o.step_ == 1}));
-    const std::uint64_t key = detail::splitmix64_finalise(
-        o.options_.seed ^ detail::splitmix64_finalise(static_cast<std::uint64_t>(o.step_)));
+    const std::uint64_t key = detail::step_key(o.options_.seed, o.step_);
     [&]<int... P>(std::integer_sequence<int, P...>) {
       ((o.uses_master() ? layer_phase<P, Opt::mode_for(true)>(o, sc, grads, grad_scale, key)
                       : layer_phase<P, Opt::mode_for(false)>(o, sc, grads, grad_scale, key)),

@@ -103,7 +103,7 @@ struct decide_phase {
     }
     ++c.step;
     c.grad_scale = static_cast<float>(coef / c.loss_scale);
-    c.key = splitmix64_finalise(rules.seed ^ splitmix64_finalise(static_cast<std::uint64_t>(c.step)));
+    c.key = step_key(rules.seed, c.step);
     if (rules.scaler && ++c.growth_tracker == rules.growth_interval) {
       c.loss_scale *= rules.growth_factor;
       c.growth_tracker = 0;

@@ -36,6 +36,12 @@ DISTOPT_HD constexpr std::uint64_t splitmix64_finalise(std::uint64_t z) noexcept
   return z ^ (z >> 31);
 }
 
+/// The stochastic-rounding key of step `step` (counting from 1) under `seed`: the same on
+/// the host and on the device, for every way of deciding the step.
+DISTOPT_HD constexpr std::uint64_t step_key(std::uint64_t seed, std::int64_t step) noexcept {
+  return splitmix64_finalise(seed ^ splitmix64_finalise(static_cast<std::uint64_t>(step)));
+}
+
 /// 32 well-mixed random bits for element `counter` of stream `key`. Stateless, so a
 /// value depends only on (key, counter), never on how the work was split across threads.
 /// The per-element work is 32-bit only (an odd multiply, then a 32-bit avalanche hash), so
