@@ -173,6 +173,15 @@ constexpr bool storage_owns_matrices() {
   else return false;
 }
 
+/// Storage S's ZeRO stage: 0 for replicated state, 1 for sharded state (full params and
+/// grads on every rank), 2 when the grads are sharded too. A storage says so with
+/// `static constexpr int zero_stage`; without it, 1 when sharded and 0 otherwise.
+template <class S>
+constexpr int storage_zero_stage() {
+  if constexpr (requires { S::zero_stage; }) return S::zero_stage;
+  else return S::is_sharded ? 1 : 0;
+}
+
 /// A storage that can hold the state of policy P.
 template <class S, class P>
 concept state_storage_for = state_storage<S> && optimizer_policy<P>;

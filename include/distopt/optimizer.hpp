@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <limits>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -29,6 +31,7 @@
 #include "detail/shard_plan.hpp"
 #include "detail/update_loop.hpp"
 #include "engine/decisions.hpp"
+#include "engine/overlap.hpp"
 #include "engine/phases.hpp"
 #include "exec/cpu.hpp"
 #include "exec/transfer.hpp"
@@ -236,6 +239,11 @@ class optimizer {
   /// True for `owned` storage: each matrix of a projected or orthogonalised group lives
   /// whole on one rank.
   static constexpr bool owns_matrices = storage_owns_matrices<Storage>();
+  /// The ZeRO stage: 0 replicated, 1 sharded states, 2 sharded grads too (sharded<E, 2>).
+  static constexpr int zero_stage = storage_zero_stage<Storage>();
+  static_assert(zero_stage < 2 || (!projects && !orthogonalizes),
+                "distopt::sharded<Encoding, 2>: ZeRO-2 runs the element-wise and layer-wise policies; GaLore and "
+                "Muon read whole matrices of the full grads: use stage 1 (sharded<Encoding>) or owned<Encoding>");
   static_assert(!owns_matrices || projects || orthogonalizes,
                 "distopt::owned<...> places the matrices that GaLore projects and Muon orthogonalises, each "
                 "on one rank; this policy updates no whole matrices: use distopt::sharded<...>");
@@ -299,11 +307,14 @@ class optimizer {
                                options_.bucket_elems, chunk_elems, owned_tensors());
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
     params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
-    grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
+    std::size_t largest = 0;  // elements of the largest bucket
+    for (const auto& b : plan_.buckets()) largest = std::max(largest, b.padded());
+    if (!shards_grads()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
+    else if (!reduces_in_fp32()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.local_size());
+    if (shards_grads()) grad_pool_ = detail::bucket_pool<grad_type, Exec>(plan_.buckets().size(), largest);
+    hooks_ = detail::grad_hooks(plan_, layout_.tensors().size());
     if (reduces_in_fp32()) {
       grads32_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
-      std::size_t largest = 0;
-      for (const auto& b : plan_.buckets()) largest = std::max(largest, b.padded());
       staging_ = detail::buffer<float, Exec>(exec_, largest);
     }
     if (uses_master()) master_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
@@ -338,8 +349,65 @@ class optimizer {
   /// The params of tensor `name`: write initial values here before the first step (the
   /// same values on every rank). In device memory, write them with distopt::upload.
   view<param_type> param(std::string_view name) { return full_view(params_, name); }
-  /// The grads of tensor `name`: write each step's gradient here before `step()`.
-  view<grad_type> grad(std::string_view name) { return full_view(grads_, name); }
+  /// The grads of tensor `name`: write each step's gradient here before `step()` (or
+  /// before `grads_ready(name)`). ZeRO-2 (sharded<E, 2>): the grads are zero at the first
+  /// view of a step (of any tensor of the bucket), and with d > 1 the view is into the
+  /// bucket's pooled buffer, valid until the bucket's reduction starts: take the view
+  /// again each step.
+  view<grad_type> grad(std::string_view name) {
+    const std::size_t i = index_of(name);
+    const std::size_t k = hooks_.bucket_of(i);
+    if (hooks_.started(k))
+      throw std::logic_error("distopt::optimizer::grad('" + std::string(name) +
+                             "'): its bucket's reduction has started in this step (grads_ready was called for all "
+                             "its tensors); write a tensor's grads before its grads_ready");
+    if constexpr (zero_stage >= 2) {
+      if (reduced_)
+        throw std::logic_error("distopt::optimizer::grad('" + std::string(name) +
+                               "'): this step's grads were reduced (reduce_grads, clip_grad_norm); with ZeRO-2 the "
+                               "next step's grads are written after step()");
+      // One rank: the grads stay in place, zeroed at their first view of a step as the
+      // pool's buffers are.
+      if (!shards_grads() && hooks_.lend(k))
+        fill_zero(grads_.data() + plan_.buckets()[k].buffer_begin, plan_.buckets()[k].padded());
+    }
+    if (!shards_grads()) return full_view(grads_, name);
+    if (reduced_)
+      throw std::logic_error("distopt::optimizer::grad('" + std::string(name) +
+                             "'): this step's grads were reduced (reduce_grads, clip_grad_norm); with ZeRO-2 the "
+                             "next step's grads are written after step()");
+    const detail::shard_bucket& b = plan_.buckets()[k];
+    return {bucket_grads(k) + (plan_.tensor_buffer(i) - b.buffer_begin), layout_.tensors()[i].numel};
+  }
+
+  /// Overlap hook: backward has finished writing the grads of tensor `name` for this step.
+  /// Once every tensor of its bucket is ready, the bucket's reduction starts at once
+  /// (asynchronously where the communicator can), while backward goes on; `step()` then
+  /// waits only for what is still in flight. Once a hook is called in a step, every tensor
+  /// must be declared ready before the step reduces. Collective in the order of buckets:
+  /// every rank must complete the buckets in the same order. Calling it twice for a tensor
+  /// in one step, or after the step's grads were reduced, throws, naming the tensor.
+  void grads_ready(std::string_view name) {
+    const std::size_t i = index_of(name);
+    if (reduced_)
+      throw std::logic_error("distopt::optimizer::grads_ready('" + std::string(name) +
+                             "'): this step's grads were already reduced (reduce_grads, clip_grad_norm)");
+    if (hooks_.mark(i, layout_.tensors()[i].name)) {
+      const std::size_t k = hooks_.bucket_of(i);
+      hooks_.start(k);
+      start_reduce(k);
+    }
+    reap_reductions();
+  }
+  /// grads_ready for each tensor of `names` (a layer), in order.
+  template <std::ranges::input_range R>
+    requires std::convertible_to<std::ranges::range_reference_t<R>, std::string_view>
+  void grads_ready(const R& names) {
+    for (auto&& n : names) grads_ready(std::string_view(n));
+  }
+  void grads_ready(std::initializer_list<std::string_view> names) {
+    for (std::string_view n : names) grads_ready(n);
+  }
   /// The fp32 master weights of tensor `name` (only with master weights on bf16/fp16 params;
   /// replicated storage only: with sharded storage use local_master).
   view<const float> master(std::string_view name) const {
@@ -452,7 +520,13 @@ class optimizer {
   }
   /// The whole flat buffers, padding included (for bulk I/O).
   view<param_type> params() noexcept { return {params_.data(), params_.size()}; }
-  view<grad_type> grads() noexcept { return {grads_.data(), grads_.size()}; }
+  /// The whole grads buffer; not with ZeRO-2 (d > 1), where the grads live per bucket.
+  view<grad_type> grads() {
+    if (shards_grads())
+      throw std::logic_error("distopt::optimizer::grads(): with ZeRO-2 the full grads exist per bucket only; "
+                             "write them through grad(name)");
+    return {grads_.data(), grads_.size()};
+  }
 
   /// Hyper-parameters of group `g`.
   const hyper_params& hyper(int g = 0) const { return groups_.at(check_group(g)); }
@@ -513,14 +587,15 @@ class optimizer {
   }
 
   /// Sets every grad to zero.
+  /// ZeRO-2: the buckets' pooled buffers that hold grads are zeroed too, and the
+  /// overlap hooks start the step afresh.
   void zero_grad() {
     wait_pending();  // a reduction still reading the grads
-    detail::fill_phase<grad_type> zero;
-    zero.n = grads_.size();
-    zero.chunk = chunk_elems;
-    zero.data = grads_.data();
-    detail::launch(exec_, zero.items(), zero);
-    reduced_ = false;
+    fill_zero(grads_.data(), grads_.size());
+    if (shards_grads())
+      for (std::size_t k = 0; k < plan_.buckets().size(); ++k)
+        if (grad_type* g = grad_pool_.of(k)) fill_zero(g, plan_.buckets()[k].padded());
+    next_step_grads();
   }
 
   /// Combines the ranks' grads (all-reduce when replicated, reduce-scatter into the local
@@ -528,34 +603,19 @@ class optimizer {
   /// `clip_grad_norm` and `step` call it when it has not been called
   /// since the last step; call it yourself to control when communication happens. After
   /// it, the grads outside this rank's shard are no longer meaningful (sharded).
+  /// With the overlap hooks in use this step, every tensor must have been declared ready:
+  /// the buckets they completed are reducing already, and only those are waited for.
   void reduce_grads() {
     if (reduced_) return;
-    reduced_ = true;
-    const std::size_t d = static_cast<std::size_t>(comm_.size());
-    if (d == 1) return;
-    const reduce_op op = options_.grad_reduce;
-    const auto& buckets = plan_.buckets();
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
-      const detail::shard_bucket& b = buckets[k];
-      const std::size_t n = b.padded();
-      if (reduces_in_fp32()) {
-        // One staging bucket: converted, reduced (blocking) and reused for the next.
-        float* st = staging_.data();
-        detail::widen_phase<grad_type> widen;
-        widen.n = n;
-        widen.chunk = chunk_elems;
-        widen.src = grads_.data() + b.buffer_begin;
-        widen.dst = st;
-        detail::launch(exec_, widen.items(), widen);
-        reduce_bucket<float>(std::span<float>(st, n),
-                             std::span<float>(grads32_.data() + b.local_begin, b.shard_size(plan_.rank())), op, k, false);
-      } else {
-        grad_type* g = grads_.data() + b.buffer_begin;
-        reduce_bucket<grad_type>(std::span<grad_type>(g, n),
-                                 std::span<grad_type>(g + b.shard_begin(plan_.rank()), b.shard_size(plan_.rank())), op,
-                                 k, true);
-      }
+    if (hooks_.in_use()) {
+      if (const std::ptrdiff_t i = hooks_.first_missing(); i >= 0)
+        throw std::logic_error("distopt::optimizer: grads_ready was called in this step, but not for '" +
+                               layout_.tensors()[static_cast<std::size_t>(i)].name +
+                               "'; with the overlap hooks every tensor's grads must be declared ready before the step");
     }
+    reduced_ = true;
+    for (std::size_t k = 0; k < plan_.buckets().size(); ++k)
+      if (!hooks_.started(k)) start_reduce(k);
   }
 
   /// Computes the global L2 norm of the (unscaled, reduced) gradients, as
@@ -647,7 +707,10 @@ class optimizer {
     };
     const std::size_t full_used = layout_.numel(), local_used = plan_.local_numel();
     add("params", params_.bytes(), params_.size(), full_used);
-    add("grads", grads_.bytes(), grads_.size(), full_used);
+    add("grads", grads_.bytes(), grads_.size(), shards_grads() ? local_used : full_used);
+    // ZeRO-2: the full-bucket grad buffers lent during backward, as many as were ever
+    // lent at once (the pool keeps them).
+    if (grad_pool_.bytes()) r.entries.push_back({"grad buckets (peak)", grad_pool_.bytes()});
     add("grads fp32", grads32_.bytes(), grads32_.size(), local_used);
     add("master", master_.bytes(), master_.size(), local_used);
     if constexpr (is_layerwise) {
@@ -740,7 +803,7 @@ class optimizer {
     }
     reduce_grads();
     clip_.reset();
-    reduced_ = false;
+    next_step_grads();
     r.grad_norm = norm;
     r.found_inf = (options_.check_finite || scaler_) && !std::isfinite(norm);
     if (r.found_inf) {
@@ -872,7 +935,7 @@ class optimizer {
     rules.master = uses_master();
     const double* wire = !clip_ && (rules.check || rules.max_norm > 0.0) ? device_norm_wire() : nullptr;
     clip_.reset();
-    reduced_ = false;
+    next_step_grads();
     detail::decide_phase decide;
     decide.wire = wire;
     decide.rules = rules;
@@ -963,6 +1026,81 @@ class optimizer {
   }
   bool reduces_in_fp32() const noexcept {
     return !std::is_same_v<grad_type, float> && options_.grad_reduce_in_fp32 && comm_.size() > 1;
+  }
+
+  /// True when the grads live sharded (ZeRO-2 with more than one rank): the full grads of
+  /// a bucket exist only in its pooled buffer, and grads_ holds this rank's shard.
+  bool shards_grads() const noexcept { return zero_stage >= 2 && comm_.size() > 1; }
+
+  /// Whether the reduced grads a step reads through a `const G*` are indexed by local
+  /// index (the fp32 shard of grad_reduce_in_fp32, ZeRO-2's grads) or by buffer index.
+  template <class G>
+  bool grads_local() const noexcept {
+    return shards_grads() || (std::is_same_v<G, float> && reduces_in_fp32());
+  }
+
+  /// Starts bucket `k`'s reduction (nothing with one rank). The full grads are read from
+  /// the bucket's place in grads_, or its pooled buffer (ZeRO-2), and the reduced shard
+  /// written in place, into grads32_ (through the fp32 staging bucket, blocking), or into
+  /// the local grads_ (ZeRO-2). The pooled buffer goes back once the reduction is done.
+  void start_reduce(std::size_t k) {
+    if (comm_.size() == 1) return;
+    const reduce_op op = options_.grad_reduce;
+    const detail::shard_bucket& b = plan_.buckets()[k];
+    const std::size_t n = b.padded(), r = plan_.rank();
+    grad_type* g = shards_grads() ? bucket_grads(k) : grads_.data() + b.buffer_begin;
+    if (reduces_in_fp32()) {
+      // One staging bucket: converted, reduced (blocking) and reused for the next.
+      float* st = staging_.data();
+      detail::widen_phase<grad_type> widen;
+      widen.n = n;
+      widen.chunk = chunk_elems;
+      widen.src = g;
+      widen.dst = st;
+      detail::launch(exec_, widen.items(), widen);
+      reduce_bucket<float>(std::span<float>(st, n), std::span<float>(grads32_.data() + b.local_begin, b.shard_size(r)),
+                           op, k, false);
+      if (shards_grads()) grad_pool_.release(k);
+    } else {
+      grad_type* mine = shards_grads() ? grads_.data() + b.local_begin : g + b.shard_begin(r);
+      reduce_bucket<grad_type>(std::span<grad_type>(g, n), std::span<grad_type>(mine, b.shard_size(r)), op, k, true);
+      if (!shards_grads()) return;
+      if (pending(k)) grad_pool_.reducing(k);  // goes back when waited for
+      else grad_pool_.release(k);            // a blocking reduction: done
+    }
+  }
+
+  /// ZeRO-2: bucket `k`'s pooled full-grads buffer, lent (and zeroed) at its first use in a step.
+  grad_type* bucket_grads(std::size_t k) {
+    bool dirty = false;
+    grad_type* g = grad_pool_.acquire(exec_, k, dirty);
+    if (dirty) fill_zero(g, plan_.buckets()[k].padded());
+    return g;
+  }
+
+  /// Whether bucket `k` has a collective in flight.
+  bool pending(std::size_t k) const noexcept { return k < pending_.size() && pending_[k].pending(); }
+
+  /// Finishes the reductions that have completed (never blocks), so that ZeRO-2's pooled
+  /// buffers go back while backward goes on.
+  void reap_reductions() {
+    for (std::size_t k = 0; k < pending_.size(); ++k)
+      if (pending_[k].pending() && pending_[k].test()) wait_bucket(k);
+  }
+
+  /// The grads are the next step's: the hooks start afresh.
+  void next_step_grads() {
+    reduced_ = false;
+    hooks_.reset(plan_);
+  }
+
+  template <class T>
+  void fill_zero(T* p, std::size_t n) {
+    detail::fill_phase<T> zero;
+    zero.n = n;
+    zero.chunk = chunk_elems;
+    zero.data = p;
+    detail::launch(exec_, zero.items(), zero);
   }
 
   /// Reduces bucket `k`: asynchronously when the communicator can and `async` allows,
@@ -1077,6 +1215,7 @@ class optimizer {
     if (k >= pending_.size()) return;
     pending_[k].wait();
     in_flight_[k].reset();
+    if (shards_grads()) grad_pool_.finish(k);  // a reduction's source, if it was one
   }
   /// Waits for every collective in flight, in bucket order (the first failure is rethrown
   /// after all have finished, so no buffer is left in use).
@@ -1090,6 +1229,8 @@ class optimizer {
       }
     }
     for (auto& s : in_flight_) s.reset();
+    if (shards_grads())
+      for (std::size_t k = 0; k < pending_.size(); ++k) grad_pool_.finish(k);
     if (first) std::rethrow_exception(first);
   }
 
@@ -1175,7 +1316,7 @@ class optimizer {
   template <class G>
   detail::squares_phase<G> norm_squares(const G* base, double inv, const double* divide_by = nullptr) {
     const auto& pieces = plan_.pieces();
-    detail::squares_phase<G> sq = squares_of(base, std::is_same_v<G, float> && reduces_in_fp32(), inv);
+    detail::squares_phase<G> sq = squares_of(base, grads_local<G>(), inv);
     sq.divide_by = divide_by;
     sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
     if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
@@ -1217,7 +1358,7 @@ class optimizer {
     }
     u.params = params_.data();
     u.grads = grads;
-    u.grads_local = std::is_same_v<G, float> && reduces_in_fp32();
+    u.grads_local = grads_local<G>();
     u.master = uses_master() ? master_.data() : nullptr;
     for (int k = 0; k < N; ++k) u.state[k] = states_[k].data();
     u.control = decision_control();
@@ -1309,7 +1450,7 @@ class optimizer {
       wait_bucket(k);
       if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
       if constexpr (orthogonalizes)
-        ortho_.template orthogonalize_bucket<Mode>(*this, sc, grads, std::is_same_v<G, float> && reduces_in_fp32(),
+        ortho_.template orthogonalize_bucket<Mode>(*this, sc, grads, grads_local<G>(),
                                                    grad_scale, key, buckets[k]);
       [&]<int... N>(std::integer_sequence<int, N...>) {
         const auto run = [&]<int M>(std::integral_constant<int, M>) {
@@ -1350,7 +1491,8 @@ class optimizer {
     const bool local = reduces_in_fp32();
     const double inv = 1.0 / loss_scale();
     const std::vector<detail::exact_sum> piece_sums =  // one sum per piece
-        local ? run_squares(squares_of(grads32_.data(), true, inv)) : run_squares(squares_of(grads_.data(), false, inv));
+        local ? run_squares(squares_of(grads32_.data(), true, inv))
+              : run_squares(squares_of(grads_.data(), grads_local<grad_type>(), inv));
     std::vector<detail::exact_sum> sums(tensors.size());
     for (std::size_t c = 0; c < pieces.size(); ++c) sums[pieces[c].tensor].add(piece_sums[c]);
     const auto all_reduce = [&](auto& group, const std::vector<std::size_t>& which) {
@@ -1395,6 +1537,8 @@ class optimizer {
   detail::buffer<param_type, Exec> params_;
   detail::buffer<grad_type, Exec> grads_;
   detail::buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
+  detail::bucket_pool<grad_type, Exec> grad_pool_;  // ZeRO-2: the buckets' full grads during backward
+  detail::grad_hooks hooks_;                        // the overlap hooks' state this step
   detail::buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   detail::buffer<float, Exec> master_;
   // Device executors only: the piece table, and the per-step inputs the phases read, in

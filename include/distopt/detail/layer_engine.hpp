@@ -217,7 +217,7 @@ struct layer_engine {
                 layer_item& it) {
     const layer_tensor& t = lt_[it.tensor];
     const tensor_slot& ts = o.layout_.tensors()[it.tensor];
-    const bool local = std::is_same_v<G, float> && o.reduces_in_fp32();
+    const bool local = o.template grads_local<G>();
     const auto& pieces = o.plan_.pieces();
     for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
       const detail::shard_piece& pc = pieces[c];

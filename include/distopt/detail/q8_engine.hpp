@@ -155,7 +155,7 @@ struct q8_engine {
     if constexpr (Opt::projects) u.matrix_index = o.proj_.matrix_index_.data();
     u.params = o.params_.data();
     u.grads = grads;
-    u.grads_local = std::is_same_v<G, float> && o.reduces_in_fp32();
+    u.grads_local = o.template grads_local<G>();
     u.master = o.uses_master() ? o.master_.data() : nullptr;
     for (int k = 0; k < N; ++k) {
       u.code[k] = o.states_[k].data();

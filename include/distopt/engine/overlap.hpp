@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file What the overlap hooks keep between backward and `step()`: which tensors'
+/// grads are ready this step and which buckets' reductions have started
+/// (`grad_hooks`), and ZeRO-2's pool of full-bucket grad buffers (`bucket_pool`), where a
+/// bucket's full gradient lives only from its first write until its reduce-scatter ends.
+
+#include <algorithm>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../detail/buffer.hpp"
+#include "../detail/shard_plan.hpp"
+#include "../layout/registry.hpp"
+
+namespace distopt::detail {
+
+/// The hooks' bookkeeping for one step: per tensor, whether `grads_ready` named it; per
+/// bucket, how many of its tensors are still missing, whether its reduction started and
+/// whether its grads were viewed (ZeRO-2 zeroes them at the first view of a step).
+class grad_hooks {
+ public:
+  grad_hooks() = default;
+  explicit grad_hooks(const shard_plan& plan, std::size_t tensors)
+      : ready_(tensors, 0),
+        missing_(plan.buckets().size()),
+        started_(plan.buckets().size(), 0),
+        lent_(plan.buckets().size(), 0),
+        bucket_of_(tensors) {
+    for (std::size_t k = 0; k < plan.buckets().size(); ++k) {
+      const shard_bucket& b = plan.buckets()[k];
+      for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) bucket_of_[i] = k;
+    }
+    reset(plan);
+  }
+
+  /// The bucket that holds tensor `i`.
+  std::size_t bucket_of(std::size_t i) const { return bucket_of_.at(i); }
+  /// Whether any hook was called since the last reset (the step then needs every tensor).
+  bool in_use() const noexcept { return in_use_; }
+  bool ready(std::size_t i) const { return ready_.at(i) != 0; }
+  bool started(std::size_t k) const { return started_.at(k) != 0; }
+  /// Records that bucket `k`'s grads were viewed in this step; true the first time.
+  bool lend(std::size_t k) {
+    if (lent_.at(k)) return false;
+    lent_[k] = 1;
+    return true;
+  }
+  void start(std::size_t k) { started_.at(k) = 1; }
+
+  /// Marks tensor `i` (named `name`) ready; returns true when that completes its bucket.
+  /// Naming a tensor twice in one step is refused.
+  bool mark(std::size_t i, const std::string& name) {
+    if (ready_.at(i))
+      throw std::logic_error("distopt::optimizer::grads_ready: the grads of '" + name +
+                             "' were already declared ready in this step (call grads_ready once per tensor per "
+                             "step, after its last write)");
+    in_use_ = true;
+    ready_[i] = 1;
+    return --missing_[bucket_of_[i]] == 0;
+  }
+
+  /// The first tensor whose grads were not declared ready, or -1 when all were.
+  std::ptrdiff_t first_missing() const noexcept {
+    for (std::size_t i = 0; i < ready_.size(); ++i)
+      if (!ready_[i]) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  }
+
+  /// A new step: nothing ready, nothing started.
+  void reset(const shard_plan& plan) {
+    std::fill(ready_.begin(), ready_.end(), 0);
+    std::fill(started_.begin(), started_.end(), 0);
+    std::fill(lent_.begin(), lent_.end(), 0);
+    for (std::size_t k = 0; k < plan.buckets().size(); ++k)
+      missing_[k] = plan.buckets()[k].end_tensor - plan.buckets()[k].first_tensor;
+    in_use_ = false;
+  }
+
+ private:
+  std::vector<char> ready_;
+  std::vector<std::size_t> missing_;
+  std::vector<char> started_, lent_;
+  std::vector<std::size_t> bucket_of_;
+  bool in_use_ = false;
+};
+
+/// Full-bucket buffers of T in an executor's memory, lent to buckets and returned when
+/// their reduction is done (ZeRO-2's grads). Every buffer has room for the largest
+/// bucket; buffers are kept once made, so the pool's size is its peak.
+template <class T, class Exec>
+class bucket_pool {
+ public:
+  bucket_pool() = default;
+  bucket_pool(std::size_t buckets, std::size_t elems) : held_(buckets), reducing_(buckets, 0), elems_(elems) {}
+
+  /// Bucket `k`'s buffer, or null when it holds none.
+  T* of(std::size_t k) const { return held_.at(k).data(); }
+
+  /// Lends bucket `k` a buffer (the one it holds, if any). `dirty` is set when the
+  /// buffer's contents may not be zeros (a returned one): the caller zeroes it.
+  T* acquire(Exec& exec, std::size_t k, bool& dirty) {
+    dirty = false;
+    if (held_.at(k).data()) return held_[k].data();
+    if (free_.empty()) {
+      held_[k] = buffer<T, Exec>(exec, elems_);  // zero-filled
+      ++made_;
+    } else {
+      held_[k] = std::move(free_.back());
+      free_.pop_back();
+      dirty = true;
+    }
+    return held_[k].data();
+  }
+
+  /// Returns bucket `k`'s buffer to the pool (nothing when it holds none).
+  void release(std::size_t k) {
+    reducing_.at(k) = 0;
+    if (!held_[k].data()) return;
+    free_.push_back(std::move(held_[k]));
+  }
+  /// Bucket `k`'s buffer is the source of a reduction in flight: `finish` returns it.
+  void reducing(std::size_t k) { reducing_.at(k) = 1; }
+  /// The reduction of bucket `k` is done: its buffer goes back, if it was the source.
+  void finish(std::size_t k) {
+    if (k < reducing_.size() && reducing_[k]) release(k);
+  }
+
+  /// Bytes of the buffers made: the most ever lent at once.
+  std::size_t bytes() const noexcept { return made_ * elems_ * sizeof(T); }
+  std::size_t buffers() const noexcept { return made_; }
+
+ private:
+  std::vector<buffer<T, Exec>> held_, free_;
+  std::vector<char> reducing_;
+  std::size_t elems_ = 0, made_ = 0;
+};
+
+}  // namespace distopt::detail
