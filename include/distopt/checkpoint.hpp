@@ -681,7 +681,7 @@ struct checkpoint_access {
       const distopt::detail::shard_piece& p0 = pieces[r.first];
       const std::size_t count = o.plan_.local_count(i);
       const std::uint64_t first = p0.layout - t.offset;
-      add_buffer_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + p0.buffer, t.numel,
+      add_buffer_item(o, out, i, "param", safetensors_dtype(dtype_of<typename Opt::param_type>), o.params_.data() + o.param_at(p0), t.numel,
                      first, count, t.shape);
       if (o.uses_master()) {
         add_buffer_item(o, out, i, "master", "F32", o.master_.data() + p0.local, t.numel, first, count, t.shape);

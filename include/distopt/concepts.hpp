@@ -174,7 +174,7 @@ constexpr bool storage_owns_matrices() {
 }
 
 /// Storage S's ZeRO stage: 0 for replicated state, 1 for sharded state (full params and
-/// grads on every rank), 2 when the grads are sharded too. A storage says so with
+/// grads on every rank), 2 when the grads are sharded too, 3 when the params are too. A storage says so with
 /// `static constexpr int zero_stage`; without it, 1 when sharded and 0 otherwise.
 template <class S>
 constexpr int storage_zero_stage() {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <ostream>
@@ -48,15 +49,17 @@ struct memory_report {
   }
 };
 
-/// Prints one line per category: bytes and bytes per parameter.
+/// Prints one line per category: bytes and bytes per parameter (names padded to the longest).
 inline std::ostream& operator<<(std::ostream& os, const memory_report& r) {
-  char line[128];
+  int width = 12;
+  for (const auto& e : r.entries) width = std::max(width, static_cast<int>(std::min<std::size_t>(e.category.size(), 40)));
+  char line[160];
   for (const auto& e : r.entries) {
-    std::snprintf(line, sizeof line, "  %-12s %14zu B  %6.2f B/param\n", e.category.c_str(), e.bytes,
+    std::snprintf(line, sizeof line, "  %-*.40s %14zu B  %6.2f B/param\n", width, e.category.c_str(), e.bytes,
                   r.bytes_per_param(e));
     os << line;
   }
-  std::snprintf(line, sizeof line, "  %-12s %14zu B  %6.2f B/param (%zu params)\n", "total",
+  std::snprintf(line, sizeof line, "  %-*s %14zu B  %6.2f B/param (%zu params)\n", width, "total",
                 r.total_bytes(), r.total_bytes_per_param(), r.parameters);
   return os << line;
 }

@@ -306,9 +306,15 @@ class optimizer {
     plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
                                options_.bucket_elems, chunk_elems, owned_tensors());
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
-    params_ = detail::buffer<param_type, Exec>(exec_, plan_.buffer_size());
     std::size_t largest = 0;  // elements of the largest bucket
     for (const auto& b : plan_.buckets()) largest = std::max(largest, b.padded());
+    params_ = detail::buffer<param_type, Exec>(exec_, shards_params() ? plan_.local_size() : plan_.buffer_size());
+    gathers_ = detail::param_gathers(plan_.buckets().size(), layout_.tensors().size());
+    if (shards_params()) {
+      param_pool_ = detail::bucket_pool<param_type, Exec>(plan_.buckets().size(), largest);
+      param_pending_.resize(plan_.buckets().size());
+      param_scope_.resize(plan_.buckets().size());
+    }
     if (!shards_grads()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     else if (!reduces_in_fp32()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.local_size());
     if (shards_grads()) grad_pool_ = detail::bucket_pool<grad_type, Exec>(plan_.buckets().size(), largest);
@@ -348,7 +354,22 @@ class optimizer {
 
   /// The params of tensor `name`: write initial values here before the first step (the
   /// same values on every rank). In device memory, write them with distopt::upload.
-  view<param_type> param(std::string_view name) { return full_view(params_, name); }
+  /// ZeRO-3 (sharded<E, 3>): the tensor must be gathered (`gather`), and the view is into
+  /// its bucket's pooled buffer, valid until the release; initial values written there are
+  /// kept by `release(name, keep_writes)`.
+  view<param_type> param(std::string_view name) {
+    if constexpr (zero_stage >= 3) {
+      const std::size_t i = index_of(name);
+      if (!gathers_.gathered(i))
+        throw std::logic_error("distopt::optimizer::param('" + std::string(name) +
+                               "'): with ZeRO-3 a tensor's params exist in full only between gather and release; "
+                               "gather it first");
+      const std::size_t k = hooks_.bucket_of(i);
+      return {param_pool_.of(k) + (plan_.tensor_buffer(i) - plan_.buckets()[k].buffer_begin), layout_.tensors()[i].numel};
+    } else {
+      return full_view(params_, name);
+    }
+  }
   /// The grads of tensor `name`: write each step's gradient here before `step()` (or
   /// before `grads_ready(name)`). ZeRO-2 (sharded<E, 2>): the grads are zero at the first
   /// view of a step (of any tensor of the bucket), and with d > 1 the view is into the
@@ -380,34 +401,62 @@ class optimizer {
     return {bucket_grads(k) + (plan_.tensor_buffer(i) - b.buffer_begin), layout_.tensors()[i].numel};
   }
 
-  /// Overlap hook: backward has finished writing the grads of tensor `name` for this step.
-  /// Once every tensor of its bucket is ready, the bucket's reduction starts at once
-  /// (asynchronously where the communicator can), while backward goes on; `step()` then
-  /// waits only for what is still in flight. Once a hook is called in a step, every tensor
-  /// must be declared ready before the step reduces. Collective in the order of buckets:
-  /// every rank must complete the buckets in the same order. Calling it twice for a tensor
-  /// in one step, or after the step's grads were reduced, throws, naming the tensor.
-  void grads_ready(std::string_view name) {
-    const std::size_t i = index_of(name);
-    if (reduced_)
-      throw std::logic_error("distopt::optimizer::grads_ready('" + std::string(name) +
-                             "'): this step's grads were already reduced (reduce_grads, clip_grad_norm)");
-    if (hooks_.mark(i, layout_.tensors()[i].name)) {
-      const std::size_t k = hooks_.bucket_of(i);
-      hooks_.start(k);
-      start_reduce(k);
+  /// Overlap hook: backward has finished writing the grads of `names` (a tensor or a
+  /// layer's tensors) for this step. Once every tensor of a bucket is ready, the bucket's
+  /// reduction starts at once (asynchronously where the communicator can), while backward
+  /// goes on; `step()` then waits only for what is still in flight. Once a hook is called
+  /// in a step, every tensor must be declared ready before the step reduces. Collective in
+  /// the order of buckets: every rank must complete the buckets in the same order. Naming
+  /// a tensor twice in one step, or after the step's grads were reduced, throws, naming it.
+  void grads_ready(const tensor_names& names) {
+    for (std::string_view name : names) {
+      const std::size_t i = index_of(name);
+      if (reduced_)
+        throw std::logic_error("distopt::optimizer::grads_ready('" + std::string(name) +
+                               "'): this step's grads were already reduced (reduce_grads, clip_grad_norm)");
+      if (hooks_.mark(i, layout_.tensors()[i].name)) {
+        const std::size_t k = hooks_.bucket_of(i);
+        hooks_.start(k);
+        start_reduce(k);
+      }
     }
     reap_reductions();
   }
-  /// grads_ready for each tensor of `names` (a layer), in order.
-  template <std::ranges::input_range R>
-    requires std::convertible_to<std::ranges::range_reference_t<R>, std::string_view>
-  void grads_ready(const R& names) {
-    for (auto&& n : names) grads_ready(std::string_view(n));
+
+  /// Forward and backward hook: the full params of `names` (a tensor or a layer's
+  /// tensors), readable through param(name) until `release`. ZeRO-3: each bucket holding
+  /// them is all-gathered into a pooled buffer (waiting for its prefetch, if one was
+  /// started), unless a gather holds it already. Other stages: bookkeeping only, so that
+  /// one training loop serves every stage. Collective: every rank gathers and releases
+  /// the same tensors in the same order. Gathering a tensor twice throws, naming it.
+  void gather(const tensor_names& names) {
+    for (std::string_view name : names) {
+      const std::size_t i = index_of(name), k = hooks_.bucket_of(i);
+      if (gathers_.gather(i, k, layout_.tensors()[i].name) && zero_stage >= 3) {
+        if (gathers_.prefetched(k)) finish_prefetch(k);
+        else gather_bucket_params(k, false);
+      }
+    }
   }
-  void grads_ready(std::initializer_list<std::string_view> names) {
-    for (std::string_view n : names) grads_ready(n);
+  /// Starts the gathers of `names` early (ZeRO-3, asynchronously where the communicator
+  /// can), so that the next layer's params arrive while this one computes; `gather` then
+  /// waits for them. Nothing for buckets gathered or prefetched already, nor at other stages.
+  void prefetch(const tensor_names& names) {
+    if constexpr (zero_stage >= 3) {
+      for (std::string_view name : names) {
+        const std::size_t k = hooks_.bucket_of(index_of(name));
+        if (gathers_.holds(k) || gathers_.prefetched(k)) continue;
+        gathers_.set_prefetched(k, true);
+        gather_bucket_params(k, true);
+      }
+    }
   }
+  /// Ends the gathers of `names`: a bucket's pooled buffer goes back once none of its
+  /// tensors is gathered, and what was written into it is dropped (ZeRO-3).
+  void release(const tensor_names& names) { release_names(names, false); }
+  /// As release, but this rank keeps its shard of what was written into the gathered
+  /// params (ZeRO-3): how initial values get in. At other stages params are written in place.
+  void release(const tensor_names& names, keep_writes_t) { release_names(names, true); }
   /// The fp32 master weights of tensor `name` (only with master weights on bf16/fp16 params;
   /// replicated storage only: with sharded storage use local_master).
   view<const float> master(std::string_view name) const {
@@ -518,8 +567,14 @@ class optimizer {
   {
     return layer_.factor_state(*this, name, k, Policy::col_states, false);
   }
-  /// The whole flat buffers, padding included (for bulk I/O).
-  view<param_type> params() noexcept { return {params_.data(), params_.size()}; }
+  /// The whole flat buffers, padding included (for bulk I/O); not with ZeRO-3 (params) or
+  /// ZeRO-2 (grads), where the full buffers exist per bucket only.
+  view<param_type> params() {
+    if constexpr (zero_stage >= 3)
+      throw std::logic_error("distopt::optimizer::params(): with ZeRO-3 the full params exist per bucket only; "
+                             "read and write them through gather(names), param(name) and release");
+    return {params_.data(), params_.size()};
+  }
   /// The whole grads buffer; not with ZeRO-2 (d > 1), where the grads live per bucket.
   view<grad_type> grads() {
     if (shards_grads())
@@ -640,7 +695,11 @@ class optimizer {
   /// Collective. On a device executor the step is decided on the device (engine/decisions.hpp)
   /// and nothing is copied between host and device, unless percentile clipping is on or
   /// the communicator stages its collectives through host memory.
+  /// No tensor may be gathered (at ZeRO-3 a gathered view would go stale; the check runs
+  /// at every stage, so that a loop written for stage 1 works at 3); prefetches still in
+  /// flight are dropped.
   step_return step() {
+    end_param_gathers("step()");
     ++step_calls_;
     if (decides_on_device()) {
       device_step();
@@ -676,7 +735,8 @@ class optimizer {
   }
 
   /// Sharded storage: all-gathers every rank's shard of the params into every rank's full
-  /// params (`step` does it unless gather_params is off). Collective.
+  /// params (`step` does it unless gather_params is off). Collective. ZeRO-3: nothing (the
+  /// params are gathered per layer by `gather`).
   void gather_params() {
     wait_pending();
     for (std::size_t k = 0; k < plan_.buckets().size(); ++k) start_gather(k, false);
@@ -706,7 +766,9 @@ class optimizer {
       padding += (elems - used) * each;
     };
     const std::size_t full_used = layout_.numel(), local_used = plan_.local_numel();
-    add("params", params_.bytes(), params_.size(), full_used);
+    add("params", params_.bytes(), params_.size(), shards_params() ? local_used : full_used);
+    // ZeRO-3: the full-bucket param buffers lent by gather and prefetch, at their peak.
+    if (param_pool_.bytes()) r.entries.push_back({"param buckets (peak)", param_pool_.bytes()});
     add("grads", grads_.bytes(), grads_.size(), shards_grads() ? local_used : full_used);
     // ZeRO-2: the full-bucket grad buffers lent during backward, as many as were ever
     // lent at once (the pool keeps them).
@@ -897,6 +959,7 @@ class optimizer {
     detail::master_load_phase<param_type> load;
     load.pieces = exec_pieces();
     load.params = params_.data();
+    load.params_local = shards_params();
     load.master = master_.data();
     load.control = control;
     detail::launch(exec_, plan_.pieces().size(), load);
@@ -1028,9 +1091,64 @@ class optimizer {
     return !std::is_same_v<grad_type, float> && options_.grad_reduce_in_fp32 && comm_.size() > 1;
   }
 
+  /// What a collective in flight holds open until it is waited for (the emulated device's memory).
+  using collective_hold = std::optional<decltype(detail::collective_scope(std::declval<Exec&>()))>;
+
   /// True when the grads live sharded (ZeRO-2 with more than one rank): the full grads of
   /// a bucket exist only in its pooled buffer, and grads_ holds this rank's shard.
   bool shards_grads() const noexcept { return zero_stage >= 2 && comm_.size() > 1; }
+
+  /// True for ZeRO-3: params_ holds this rank's shard (local index), and a bucket's full
+  /// params exist only in its pooled buffer, between gather and release. With one rank
+  /// too (the gather is then a copy), so that views behave alike for every d.
+  bool shards_params() const noexcept { return zero_stage >= 3; }
+  /// Where piece `pc`'s params start in params_.
+  std::size_t param_at(const detail::shard_piece& pc) const noexcept { return shards_params() ? pc.local : pc.buffer; }
+
+  /// ZeRO-3: all-gathers bucket `k`'s params from every rank's shard into its pooled
+  /// buffer; asynchronously (a prefetch, waited for by finish_prefetch) when `async` and
+  /// the communicator can. With one rank, a copy.
+  void gather_bucket_params(std::size_t k, bool async) {
+    const detail::shard_bucket& b = plan_.buckets()[k];
+    bool dirty = false;  // every element is overwritten
+    param_type* full = param_pool_.acquire(exec_, k, dirty);
+    const param_type* mine = params_.data() + b.local_begin;
+    const std::size_t n = b.shard_size(plan_.rank());
+    if (comm_.size() == 1) return detail::copy_bytes(exec_, full, mine, n * sizeof(param_type));
+    all_gather_exec(std::span<const param_type>(mine, n), std::span<param_type>(full, b.padded()),
+                    async ? &param_pending_[k] : nullptr, &param_scope_[k]);
+  }
+  /// ZeRO-3: waits for bucket `k`'s prefetch.
+  void finish_prefetch(std::size_t k) {
+    gathers_.set_prefetched(k, false);
+    param_pending_[k].wait();
+    param_scope_[k].reset();
+  }
+  void release_names(const tensor_names& names, bool keep) {
+    for (std::string_view name : names) {
+      const std::size_t i = index_of(name), k = hooks_.bucket_of(i);
+      if (!gathers_.release(i, k, layout_.tensors()[i].name) || zero_stage < 3) continue;
+      if (keep) {  // this rank's shard of the bucket, back into params_
+        const detail::shard_bucket& b = plan_.buckets()[k];
+        detail::copy_bytes(exec_, params_.data() + b.local_begin, param_pool_.of(k) + b.shard_begin(plan_.rank()),
+                           b.shard_size(plan_.rank()) * sizeof(param_type));
+      }
+      param_pool_.release(k);
+    }
+  }
+  /// Before `what` changes the params: refuses gathered tensors (naming the first) and
+  /// drops ZeRO-3's prefetches in flight.
+  void end_param_gathers(const char* what) {
+    if (const std::ptrdiff_t i = gathers_.first_gathered(); i >= 0)
+      throw std::logic_error(std::string("distopt::optimizer::") + what + ": '" +
+                             layout_.tensors()[static_cast<std::size_t>(i)].name +
+                             "' is still gathered; release every gathered tensor before the params change");
+    for (std::size_t k = 0; k < param_pending_.size(); ++k)
+      if (gathers_.prefetched(k)) {
+        finish_prefetch(k);
+        param_pool_.release(k);
+      }
+  }
 
   /// Whether the reduced grads a step reads through a `const G*` are indexed by local
   /// index (the fp32 shard of grad_reduce_in_fp32, ZeRO-2's grads) or by buffer index.
@@ -1165,13 +1283,26 @@ class optimizer {
   /// Sharded: all-gathers bucket `k`'s params, asynchronously when `async` and the
   /// communicator can (the request is kept in pending_[k]).
   void start_gather(std::size_t k, bool async) {
-    if (!is_sharded || comm_.size() == 1) return;
+    if (!is_sharded || comm_.size() == 1 || shards_params()) return;
     const detail::shard_bucket& b = plan_.buckets()[k];
     if constexpr (owns_matrices)
       if (b.owned()) return gather_owned(b);
     param_type* p = params_.data() + b.buffer_begin;
     const std::span<const param_type> in(p + b.shard_begin(plan_.rank()), b.shard_size(plan_.rank()));
-    const std::span<param_type> out(p, b.padded());
+    if (async) {
+      pending_.resize(plan_.buckets().size());
+      in_flight_.resize(plan_.buckets().size());
+    }
+    all_gather_exec(in, std::span<param_type>(p, b.padded()), async ? &pending_[k] : nullptr,
+                    async ? &in_flight_[k] : nullptr);
+  }
+
+  /// All-gathers `in` (this rank's shard, in the executor's memory) into `out`: into
+  /// `*req` when given and the communicator can, with `*scope` holding the executor's
+  /// memory open until it is waited for; else blocking (staged through host memory where
+  /// the communicator cannot reach the executor's).
+  void all_gather_exec(std::span<const param_type> in, std::span<param_type> out, comm_request* req,
+                       collective_hold* scope) {
     if constexpr (stages_collectives) {
       const std::span<param_type> host_in = staged<param_type>(stage_in_, in.size());
       const std::span<param_type> host_out = staged<param_type>(stage_out_, out.size());
@@ -1181,9 +1312,9 @@ class optimizer {
       return;
     }
     if constexpr (async_communicator<Comm>) {
-      if (async) {
-        hold_bucket(k);
-        pending_[k] = comm_.iall_gather(in, out);
+      if (req) {
+        scope->emplace(detail::collective_scope(exec_));
+        *req = comm_.iall_gather(in, out);
         return;
       }
     }
@@ -1357,6 +1488,7 @@ class optimizer {
       u.state_at = ortho_.state_offset_.data() + b.first_piece;
     }
     u.params = params_.data();
+    u.params_local = shards_params();
     u.grads = grads;
     u.grads_local = grads_local<G>();
     u.master = uses_master() ? master_.data() : nullptr;
@@ -1539,6 +1671,8 @@ class optimizer {
   detail::buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
   detail::bucket_pool<grad_type, Exec> grad_pool_;  // ZeRO-2: the buckets' full grads during backward
   detail::grad_hooks hooks_;                        // the overlap hooks' state this step
+  detail::bucket_pool<param_type, Exec> param_pool_;  // ZeRO-3: the buckets' full params while gathered
+  detail::param_gathers gathers_;                     // ZeRO-3: which tensors are gathered
   detail::buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   detail::buffer<float, Exec> master_;
   // Device executors only: the piece table, and the per-step inputs the phases read, in
@@ -1577,8 +1711,10 @@ class optimizer {
   // Per bucket: what its collective in flight holds open (the emulated device's memory)
   // until it is waited for. Declared before pending_, so that it is destroyed after the
   // requests, which wait for their collectives.
-  std::vector<std::optional<decltype(detail::collective_scope(std::declval<Exec&>()))>> in_flight_;
+  std::vector<collective_hold> in_flight_;
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
+  std::vector<collective_hold> param_scope_;    // ZeRO-3, per bucket: what its prefetch holds open
+  std::vector<comm_request> param_pending_;     // ZeRO-3, per bucket: its prefetch in flight
   std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;

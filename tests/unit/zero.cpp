@@ -11,7 +11,7 @@
 // Misuse is refused with the tensor named, and the memory report shows the sharded grads
 // and the pool's peak.
 
-#include "sharded_harness.hpp"
+#include "zero_harness.hpp"
 
 #include <boost/test/unit_test.hpp>
 
@@ -27,60 +27,6 @@ namespace {
 using namespace distopt;
 using namespace harness;
 
-struct hook_run {
-  bool hooks = false;
-  int layer = 1;          // tensors per grads_ready call
-  int steps = 12;
-  int nan_step = -1;      // rank 1 (or 0 when d == 1) writes a NaN at this step
-  unsigned order_seed = 1;
-  distopt::optimizer_options options{};
-};
-
-/// Every rank writes its own grads (they depend on the rank) in two micro-batches, added
-/// into the grad views: the first in layout order, the second tensor by tensor in an order
-/// drawn for the step (backward order shuffled, the same on every rank), declaring each
-/// layer ready right after its last write when `hooks`; then steps. Stage 1 zeroes the
-/// grads before each step; stage 2 lends zeroed buffers, so it zeroes only every other step.
-template <class Opt>
-void drive_hooks(Opt& opt, int rank, int d, const hook_run& hr, outcome* out) {
-  using G = typename Opt::grad_type;
-  const auto tensors = opt.tensors().tensors();
-  set_initial_params(opt);
-  std::mt19937 order_rng(hr.order_seed);
-  const auto add = [&](int s, std::size_t t, int micro) {
-    const auto view = opt.grad(tensors[t].name);  // host or device memory
-    std::vector<G> v(view.size());
-    download(opt.executor(), view, std::span<G>(v));
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      const float x = grad_value(s, t, i) * (0.5f + 0.25f * static_cast<float>(rank)) * (micro == 0 ? 0.75f : 0.25f);
-      v[i] = from_float<G>(to_float(v[i]) + x);
-    }
-    if (s == hr.nan_step && rank == std::min(1, d - 1) && micro == 1) v[v.size() / 2] = from_float<G>(std::nanf(""));
-    upload(opt.executor(), v, view);
-  };
-  for (int s = 0; s < hr.steps; ++s) {
-    if (Opt::zero_stage < 2 || s % 2 == 0) opt.zero_grad();
-    for (std::size_t t = 0; t < tensors.size(); ++t) add(s, t, 0);
-    std::vector<std::size_t> order(tensors.size());
-    for (std::size_t t = 0; t < order.size(); ++t) order[t] = order.size() - 1 - t;  // backward
-    if (s % 2 == 1) std::shuffle(order.begin(), order.end(), order_rng);
-    for (std::size_t j = 0; j < order.size(); j += static_cast<std::size_t>(hr.layer)) {
-      const std::size_t end = std::min(order.size(), j + static_cast<std::size_t>(hr.layer));
-      std::vector<std::string> layer;
-      for (std::size_t q = j; q < end; ++q) {
-        add(s, order[q], 1);
-        layer.push_back(tensors[order[q]].name);
-      }
-      if (hr.hooks) opt.grads_ready(layer);
-    }
-    const step_result r = opt.step();
-    if (out) {
-      out->norms.push_back(r.grad_norm);
-      out->skipped.push_back(r.skipped);
-    }
-  }
-}
-
 template <class Policy, class Storage, class Prec, class Exec = cpu>
 outcome run_hooks(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, hook_run hr) {
   using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
@@ -90,22 +36,15 @@ outcome run_hooks(int d, const layout& l, const std::vector<typename Policy::hyp
     const int rank = comm.rank();
     opt_t opt(l, h, hr.options, make_executor<Exec>(1), std::move(comm));
     drive_hooks(opt, rank, d, hr, rank == 0 ? &out : nullptr);
-    collect(opt, rank, out);
+    collect_all(opt, rank, out);
   });
   return out;
 }
 
-void expect_same(const outcome& got, const outcome& ref) {
-  BOOST_TEST((got.params == ref.params));
-  BOOST_TEST((got.master == ref.master));
-  BOOST_TEST((got.states == ref.states));
-  BOOST_TEST((got.absmax == ref.absmax));
-  BOOST_TEST((got.skipped == ref.skipped));
-  BOOST_TEST(std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0);
-}
 
 /// For d = 1..4 and each awkward layout: stage 1 without hooks is the reference; stage 1
-/// with hooks, stage 2 with and without hooks (one or two tensors per hook call) equal it.
+/// with hooks, stages 2 and 3 with and without hooks (one or two tensors per hook call)
+/// equal it.
 template <class Policy, class Enc, class Prec>
 void check_stages(const std::vector<typename Policy::hyper_params>& h, hook_run hr, dtype t) {
   for (const layout_case& c : awkward_layouts()) {
@@ -124,6 +63,8 @@ void check_stages(const std::vector<typename Policy::hyper_params>& h, hook_run 
         on.layer = 2;
         on.order_seed = 7;
         BOOST_TEST_CONTEXT("stage 2, hooks by two") expect_same(run_hooks<Policy, sharded<Enc, 2>, Prec>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 3, hooks by two") expect_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 3, no hooks") expect_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, off), ref);
       }
     }
   }
@@ -174,7 +115,7 @@ BOOST_AUTO_TEST_CASE(lamb_layerwise_statistics) {
 }
 
 // On the emulated device (memory the host cannot touch outside a launch or a copy), the
-// step decided on the device: stage 2 with the hooks equals stage 1 on cpu.
+// step decided on the device: stages 2 and 3 with the hooks equal stage 1 on cpu.
 BOOST_AUTO_TEST_CASE(stage_2_with_hooks_on_the_emulated_device_equals_cpu) {
   hook_run hr;
   hr.options.max_grad_norm = 1.0;
@@ -189,7 +130,11 @@ BOOST_AUTO_TEST_CASE(stage_2_with_hooks_on_the_emulated_device_equals_cpu) {
         off.hooks = false;
         on.hooks = true;
         const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(d, l, {adamw_decayed()}, off);
+        BOOST_TEST_CONTEXT("stage 2")
         expect_same(run_hooks<adamw, sharded<float, 2>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
+                    ref);
+        BOOST_TEST_CONTEXT("stage 3")
+        expect_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
                     ref);
       }
     }
@@ -206,6 +151,24 @@ BOOST_AUTO_TEST_CASE(stage_2_equals_one_rank_for_every_d) {
     for (int d = 1; d <= 4; ++d)
       BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
     expect_same(run_threads<adamw, sharded<float, 2>, precision<fp16>>(d, l, {adamw_decayed()}, ro), ref);
+  }
+}
+
+// The rank-0 trick with params gathered per layer: stage 3 on d = 2..4 equals one rank.
+BOOST_AUTO_TEST_CASE(stage_3_equals_one_rank_for_every_d) {
+  hook_run hr;
+  hr.rank0_only = true;
+  hr.hooks = true;
+  hr.layer = 2;
+  hr.options.seed = 5;
+  hr.options.master_weights = false;  // bf16 stochastic rounding, keyed by layout index
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::bf16);
+    const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(1, l, {adamw_decayed()}, hr);
+    for (int d = 2; d <= 4; ++d)
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
+    expect_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>>(d, l, {adamw_decayed()}, hr), ref);
   }
 }
 
@@ -312,6 +275,29 @@ BOOST_AUTO_TEST_CASE(hooks_reduce_before_the_step) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(stage_3_gathers_are_checked) {
+  on_two_ranks<sharded<float, 3>>([](auto& opt, rank_checks& c) {
+    c.throws_naming<std::logic_error>([&] { opt.param("w1"); }, "'w1'");  // not gathered
+    c.throws_naming<std::logic_error>([&] { opt.release("w1"); }, "'w1'");
+    c.throws_naming<std::logic_error>([&] { opt.params(); }, "ZeRO-3");
+    opt.gather({"w0", "w1"});
+    c.throws_naming<std::logic_error>([&] { opt.gather("w1"); }, "'w1'");  // twice
+    for (auto& p : opt.param("w1")) p = 0.25f;
+    opt.release("w0");
+    c.throws_naming<std::logic_error>([&] { opt.step(); }, "'w1'");  // still gathered
+    opt.release("w1", keep_writes);
+    opt.gather("w1");  // the writes were kept: every rank wrote the same values
+    for (float p : opt.param("w1")) c.expect(p == 0.25f, "a kept write was lost");
+    for (auto& p : opt.param("w1")) p = 9.0f;
+    opt.release("w1");  // dropped
+    opt.gather("w1");
+    c.expect(opt.param("w1")[7] == 0.25f, "a dropped write was kept");
+    opt.release("w1");
+    opt.prefetch({"w0", "w2"});  // dropped by the step
+    opt.step();
+  });
+}
+
 BOOST_AUTO_TEST_CASE(after_reduce_grads_stage_2_refuses_grad_views) {
   on_two_ranks<sharded<float, 2>>([](auto& opt, rank_checks& c) {
     opt.clip_grad_norm(1.0);  // reduces
@@ -357,6 +343,84 @@ BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
       BOOST_TEST(m.bytes("grads") == 0u);  // reduced into fp32: "grads fp32" holds them
       BOOST_TEST(m.bytes("grads fp32") == plan.local_numel() * sizeof(float));
       BOOST_TEST(m.bytes("params") == 2900u * sizeof(bf16));
+    }
+  }
+}
+
+// README's table: the persistent bytes of each category follow the stage, for d = 4
+// (bf16 params and grads, fp32 master weights, AdamW's two fp32 states).
+BOOST_AUTO_TEST_CASE(persistent_bytes_follow_the_stage_model) {
+  layout l;
+  l.add("w0", {1000}, dtype::bf16);
+  l.add("w1", {40, 30}, dtype::bf16);
+  l.add("w2", {700}, dtype::bf16);
+  optimizer_options o;
+  o.bucket_elems = 512;
+  const std::size_t numel = 2900, local = detail::shard_plan(l, 4, 0, 512, 1u << 14).local_numel();
+  std::array<distopt::memory_report, 3> m;
+  const auto report = [&]<int Stage>(std::integral_constant<int, Stage>) {
+    run_ranks(4, [&](threads& comm) {
+      const int rank = comm.rank();
+      optimizer<adamw, sharded<float, Stage>, threads, cpu, precision<bf16>> opt(l, adamw_decayed(), o, cpu(1),
+                                                                                 std::move(comm));
+      if (rank == 0) m[Stage - 1] = opt.memory();
+    });
+  };
+  report(std::integral_constant<int, 1>{});
+  report(std::integral_constant<int, 2>{});
+  report(std::integral_constant<int, 3>{});
+  for (int stage = 1; stage <= 3; ++stage) {
+    const distopt::memory_report& r = m[static_cast<std::size_t>(stage - 1)];
+    BOOST_TEST_CONTEXT("stage " << stage) {
+      BOOST_TEST(r.bytes("params") == (stage >= 3 ? local : numel) * 2);
+      BOOST_TEST(r.bytes("grads") == (stage >= 2 ? local : numel) * 2);
+      BOOST_TEST(r.bytes("master") == local * 4);
+      BOOST_TEST(r.bytes("state 0") + r.bytes("state 1") == local * 8);
+    }
+  }
+}
+
+// Stage 3 keeps only this rank's shard of the params, and lends full-bucket buffers from
+// gather to release: one at a time when each layer is released before the next is
+// gathered, two with the next one prefetched.
+BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_params_and_the_pool_peak) {
+  layout l;
+  l.add("w0", {1000}, dtype::bf16);
+  l.add("w1", {40, 30}, dtype::bf16);
+  l.add("w2", {700}, dtype::bf16);
+  optimizer_options o;
+  o.bucket_elems = 512;
+  using z3 = optimizer<adamw, sharded<float, 3>, threads, cpu, precision<bf16>>;
+  const auto plan = detail::shard_plan(l, 3, 0, 512, 1u << 14);
+  std::size_t largest = 0;
+  for (const auto& b : plan.buckets()) largest = std::max(largest, b.padded());
+  for (const bool prefetch : {false, true}) {
+    distopt::memory_report m;
+    run_ranks(3, [&](threads& comm) {
+      const int rank = comm.rank();
+      z3 opt(l, adamw_decayed(), o, cpu(1), std::move(comm));
+      const std::vector<std::string> names{"w0", "w1", "w2"};
+      for (int s = 0; s < 2; ++s) {
+        for (std::size_t j = 0; j < names.size(); ++j) {  // forward
+          if (prefetch && j + 1 < names.size()) opt.prefetch(names[j + 1]);
+          opt.gather(names[j]);
+          opt.release(names[j]);
+        }
+        for (std::size_t j = names.size(); j-- > 0;) {  // backward
+          opt.gather(names[j]);
+          for (auto& g : opt.grad(names[j])) g = bf16(0.01f);
+          opt.grads_ready(names[j]);
+          opt.release(names[j]);
+        }
+        opt.step();
+      }
+      if (rank == 0) m = opt.memory();
+    });
+    BOOST_TEST_CONTEXT("prefetch " << prefetch) {
+      BOOST_TEST(m.bytes("param buckets (peak)") == (prefetch ? 2 : 1) * largest * sizeof(bf16));
+      BOOST_TEST(m.bytes("params") == plan.local_numel() * sizeof(bf16));
+      BOOST_TEST(m.bytes("grads") == plan.local_numel() * sizeof(bf16));
+      BOOST_TEST(m.bytes("master") == plan.local_numel() * sizeof(float));
     }
   }
 }

@@ -222,7 +222,7 @@ struct layer_engine {
     for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
       const detail::shard_piece& pc = pieces[c];
       detail::layer_args<typename Opt::param_type, G, State> a{};
-      a.param = o.params_.data() + pc.buffer;
+      a.param = o.params_.data() + o.param_at(pc);
       a.grad = grads + (local ? pc.local : pc.buffer);
       a.master = o.uses_master() ? o.master_.data() + pc.local : nullptr;
       // Slots this tensor does not keep: read zeros, write to this thread's scratch.

@@ -52,8 +52,9 @@ struct q8_update_phase : bucket_pieces {
   const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
   const float* tensor_scale = nullptr;                ///< per tensor (percentile clipping), or null
   Param* params = nullptr;
+  bool params_local = false;  ///< params indexed by local index (ZeRO-3), else buffer index
   const Grad* grads = nullptr;
-  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
+  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard, ZeRO-2), else buffer index
   float* master = nullptr;   ///< null without master weights
   std::uint8_t* code[4] = {};
   float* absmax[4] = {};
@@ -70,7 +71,7 @@ struct q8_update_phase : bucket_pieces {
     const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
     const std::uint64_t random_key = step_key();
     const std::size_t e0 = first * q8::block, e1 = last * q8::block < pc.count ? last * q8::block : pc.count;
-    Param* p = params + pc.buffer + e0;
+    Param* p = params + (params_local ? pc.local : pc.buffer) + e0;
     const Grad* g = grads + (grads_local ? pc.local : pc.buffer) + e0;
     float* m = master ? master + pc.local + e0 : nullptr;
     if (q.quantized) {
@@ -154,6 +155,7 @@ struct q8_engine {
     u.tensor_scale = tensor_scale;
     if constexpr (Opt::projects) u.matrix_index = o.proj_.matrix_index_.data();
     u.params = o.params_.data();
+    u.params_local = o.shards_params();
     u.grads = grads;
     u.grads_local = o.template grads_local<G>();
     u.master = o.uses_master() ? o.master_.data() : nullptr;

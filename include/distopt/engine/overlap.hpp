@@ -1,21 +1,59 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file What the overlap hooks keep between backward and `step()`: which tensors'
-/// grads are ready this step and which buckets' reductions have started
-/// (`grad_hooks`), and ZeRO-2's pool of full-bucket grad buffers (`bucket_pool`), where a
-/// bucket's full gradient lives only from its first write until its reduce-scatter ends.
+/// \file What the overlap hooks keep between forward, backward and `step()`: which
+/// tensors' grads are ready this step and which buckets' reductions have started
+/// (`grad_hooks`), which tensors' params are gathered (`param_gathers`, ZeRO-3), and the
+/// pools of full-bucket buffers (`bucket_pool`): ZeRO-2's grads, which live only from a
+/// bucket's first write until its reduce-scatter ends, and ZeRO-3's params, which live
+/// only from a gather until the release.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
+#include <initializer_list>
+#include <ranges>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "../detail/buffer.hpp"
 #include "../detail/shard_plan.hpp"
 #include "../layout/registry.hpp"
+
+namespace distopt {
+
+/// The tensors an overlap hook names: one tensor ("h0.w") or a layer's, as a list
+/// ({"h0.w", "h0.b"}) or any range of names (a std::vector<std::string>).
+class tensor_names {
+ public:
+  tensor_names(const char* name) : names_{std::string_view(name)} {}
+  tensor_names(std::string_view name) : names_{name} {}
+  tensor_names(const std::string& name) : names_{std::string_view(name)} {}
+  tensor_names(std::initializer_list<std::string_view> names) : names_(names) {}
+  template <std::ranges::input_range R>
+    requires(std::convertible_to<std::ranges::range_reference_t<R>, std::string_view> &&
+             !std::convertible_to<const R&, std::string_view>)
+  tensor_names(const R& names) {
+    for (auto&& n : names) names_.emplace_back(n);
+  }
+  auto begin() const noexcept { return names_.begin(); }
+  auto end() const noexcept { return names_.end(); }
+
+ private:
+  std::vector<std::string_view> names_;
+};
+
+/// `release(layer, keep_writes)`: this rank keeps its shard of what was written into the
+/// gathered params (ZeRO-3), e.g. the initial values.
+struct keep_writes_t {
+  explicit keep_writes_t() = default;
+};
+inline constexpr keep_writes_t keep_writes{};
+
+}  // namespace distopt
 
 namespace distopt::detail {
 
@@ -87,6 +125,48 @@ class grad_hooks {
   std::vector<char> started_, lent_;
   std::vector<std::size_t> bucket_of_;
   bool in_use_ = false;
+};
+
+/// ZeRO-3's gathered params: per tensor whether a `gather` holds it, per bucket how many
+/// tensors do (the bucket's full params live while any does) and whether a prefetch of
+/// it is in flight.
+class param_gathers {
+ public:
+  param_gathers() = default;
+  param_gathers(std::size_t buckets, std::size_t tensors)
+      : gathered_(tensors, 0), refs_(buckets, 0), prefetched_(buckets, 0) {}
+
+  bool gathered(std::size_t i) const { return gathered_.at(i) != 0; }
+  bool holds(std::size_t k) const { return refs_.at(k) != 0; }
+  bool prefetched(std::size_t k) const { return prefetched_.at(k) != 0; }
+  void set_prefetched(std::size_t k, bool on) { prefetched_.at(k) = on; }
+
+  /// Tensor `i` (in bucket `k`) is gathered; true when its bucket must be gathered now.
+  bool gather(std::size_t i, std::size_t k, const std::string& name) {
+    if (gathered_.at(i))
+      throw std::logic_error("distopt::optimizer::gather: '" + name +
+                             "' is gathered already; release it before gathering it again");
+    gathered_[i] = 1;
+    return refs_.at(k)++ == 0;
+  }
+  /// Tensor `i` (in bucket `k`) is released; true when its bucket holds no gathered tensor.
+  bool release(std::size_t i, std::size_t k, const std::string& name) {
+    if (!gathered_.at(i))
+      throw std::logic_error("distopt::optimizer::release: '" + name + "' is not gathered (gather it first)");
+    gathered_[i] = 0;
+    return --refs_.at(k) == 0;
+  }
+  /// The first tensor gathered and not released, or -1.
+  std::ptrdiff_t first_gathered() const noexcept {
+    for (std::size_t i = 0; i < gathered_.size(); ++i)
+      if (gathered_[i]) return static_cast<std::ptrdiff_t>(i);
+    return -1;
+  }
+
+ private:
+  std::vector<char> gathered_;
+  std::vector<std::size_t> refs_;
+  std::vector<char> prefetched_;
 };
 
 /// Full-bucket buffers of T in an executor's memory, lent to buckets and returned when

@@ -80,6 +80,7 @@ template <class P>
 struct master_load_phase {
   const shard_piece* pieces = nullptr;
   const P* params = nullptr;
+  bool params_local = false;  ///< params indexed by local index (ZeRO-3), else buffer index
   float* master = nullptr;
   const step_control* control = nullptr;
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
@@ -87,7 +88,7 @@ struct master_load_phase {
   }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
     const shard_piece& pc = pieces[c];
-    const P* p = params + pc.buffer;
+    const P* p = params + (params_local ? pc.local : pc.buffer);
     float* m = master + pc.local;
     for (std::size_t i = first; i < last; ++i) m[i] = to_float(p[i]);
   }
@@ -121,8 +122,9 @@ struct update_phase : bucket_pieces {
   const float* tensor_scale = nullptr;              ///< per tensor (percentile clipping), or null
   const std::size_t* state_at = nullptr;  ///< per piece of the bucket: its state offset (GaLore), or null (local index)
   Param* params = nullptr;
+  bool params_local = false;  ///< params indexed by local index (ZeRO-3), else buffer index
   const Grad* grads = nullptr;
-  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard), else buffer index
+  bool grads_local = false;  ///< grads indexed by local index (the fp32 shard, ZeRO-2), else buffer index
   float* master = nullptr;   ///< null without master weights
   Enc* state[4] = {};
 
@@ -131,7 +133,7 @@ struct update_phase : bucket_pieces {
     const shard_piece& pc = pieces[c];
     const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
     const std::size_t at = (state_at ? state_at[c] : pc.local) + first;
-    update_args<Param, Grad, Enc> a{params + pc.buffer + first,
+    update_args<Param, Grad, Enc> a{params + (params_local ? pc.local : pc.buffer) + first,
                                     grads + (grads_local ? pc.local : pc.buffer) + first,
                                     master ? master + pc.local + first : nullptr,
                                     {},

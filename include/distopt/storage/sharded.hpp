@@ -16,8 +16,11 @@ namespace distopt {
 ///  - 2 (ZeRO-2): the grads live sharded too. A bucket's full gradient exists only from
 ///    the first `grad()` view of one of its tensors in a step until its reduce-scatter is
 ///    done (started by `grads_ready` or by `step()`); then its buffer goes back to a pool.
+///  - 3 (ZeRO-3): the params live sharded too. A tensor's full params exist only between
+///    `gather` and `release` of a layer holding it, all-gathered into a pooled buffer;
+///    `step()` updates each rank's shard and gathers nothing.
 /// The stage changes where params and grads live, never the arithmetic: the same global
-/// gradients give the same bits at every stage. (ZeRO-3, sharded params, is not built yet.)
+/// gradients give the same bits at every stage.
 template <class Encoding, int Stage = 1>
 struct sharded {
   using storage_concept = storage_tag;
@@ -26,9 +29,9 @@ struct sharded {
   static constexpr int zero_stage = Stage;
   static_assert(state_encoding<Encoding>,
                 "distopt::sharded<Encoding>: Encoding must be fp32 (float), bf16 or q8");
-  static_assert(Stage == 1 || Stage == 2,
-                "distopt::sharded<Encoding, Stage>: Stage is 1 (sharded states) or 2 (sharded grads too); "
-                "ZeRO-3 (sharded params) is not built yet");
+  static_assert(Stage >= 1 && Stage <= 3,
+                "distopt::sharded<Encoding, Stage>: Stage is 1 (sharded states), 2 (sharded grads too) or 3 "
+                "(sharded params too)");
 };
 
 }  // namespace distopt

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// ZeRO stages 2 and 3 with the overlap hooks over MPI processes (mpiexec -n 2, 3, 4): the
+// training loop of zero_harness.hpp (grads that depend on the gathered params, backward
+// in shuffled layer orders, each layer declared ready as it is written), with the rank-0
+// trick (rank 0 writes the global gradient, the others zeros: exact in MPI's order),
+// gives every rank the params of the single-rank run bit for bit, and each rank's shard of
+// the states equals the same elements of that run.
+
+#include "../unit/zero_harness.hpp"
+
+#include <boost/test/unit_test.hpp>
+
+#include <distopt/comm/mpi.hpp>
+
+#include <cstring>
+
+namespace {
+
+using namespace distopt;
+using namespace harness;
+
+struct mpi_environment {
+  mpi_session session;
+};
+
+template <class Storage, class Prec>
+void check(const adamw::hyper_params& h, hook_run hr, dtype t) {
+  using one_t = optimizer<adamw, sharded<float>, single, cpu, Prec>;
+  using opt_t = optimizer<adamw, Storage, mpi, cpu, Prec>;
+  hr.rank0_only = true;
+  hr.options.grad_reduce = reduce_op::sum;
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, t);
+    one_t one(l, {h}, hr.options, cpu(1));
+    outcome ref = blank<one_t>(l, 2);
+    drive_hooks(one, 0, 1, hr, &ref);
+    collect_all(one, 0, ref);
+    mpi comm(MPI_COMM_WORLD);
+    const int rank = comm.rank(), d = comm.size();
+    opt_t opt(l, {h}, hr.options, cpu(1), std::move(comm));
+    outcome got = blank<opt_t>(l, 2);
+    drive_hooks(opt, rank, d, hr, &got);
+    collect_all(opt, 0, got);  // the params in full on every rank (gathered); states: this rank's shard
+    BOOST_TEST_CONTEXT("stage " << opt_t::zero_stage << " layout " << c.name << " rank " << rank) {
+      BOOST_TEST((got.params == ref.params));
+      BOOST_TEST((got.skipped == ref.skipped));
+      BOOST_TEST(std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0);
+      for (std::size_t ti = 0; ti < l.tensors().size(); ++ti)
+        for (int k = 0; k < 2; ++k) {
+          const auto st = opt.local_state(l.tensors()[ti].name, k);
+          BOOST_TEST(std::memcmp(got.states[static_cast<std::size_t>(k)][ti].data() + st.first * sizeof(float),
+                                 ref.states[static_cast<std::size_t>(k)][ti].data() + st.first * sizeof(float),
+                                 st.values.size_bytes()) == 0);
+        }
+    }
+  }
+}
+
+adamw::hyper_params decayed() {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  return h;
+}
+
+}  // namespace
+
+BOOST_TEST_GLOBAL_FIXTURE(mpi_environment);
+
+BOOST_AUTO_TEST_SUITE(mpi_zero)
+
+BOOST_AUTO_TEST_CASE(stage_2_fp32_with_clipping_and_a_nan_step) {
+  hook_run hr;
+  hr.hooks = true;
+  hr.layer = 2;
+  hr.nan_step = 4;
+  hr.options.max_grad_norm = 1.0;
+  check<sharded<float, 2>, precision<float>>(decayed(), hr, dtype::f32);
+}
+
+BOOST_AUTO_TEST_CASE(stage_3_bf16_master_weights) {
+  hook_run hr;
+  hr.hooks = true;
+  check<sharded<float, 3>, precision<bf16>>(decayed(), hr, dtype::bf16);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
