@@ -859,7 +859,7 @@ struct checkpoint_access {
       }
     }
     o.clip_.reset();
-    o.reduced_ = false;
+    o.drop_step_grads();  // a half-done backward's grads and hooks belong to the params replaced
     if (Opt::is_sharded && o.comm_.size() > 1) o.gather_params();
   }
 
@@ -877,6 +877,13 @@ struct checkpoint_access {
     }
     h.validate();
     return h;
+  }
+
+  /// Before a load changes the params: no tensor may be gathered (its view would go
+  /// stale; refused before anything is read), and ZeRO-3's prefetches are dropped.
+  template <class Opt>
+  static void before_load(Opt& o) {
+    o.end_param_gathers("load()");
   }
 
   /// The optimizer's items, once its collectives in flight are done.
@@ -1200,6 +1207,7 @@ void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
 /// Loads `opt`'s state from the checkpoint in `dir` (collective): what `opt.load(dir)` calls.
 template <class Optimizer>
 void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
+  checkpoint_access::before_load(opt);
   detail::load_checkpoint(checkpoint_access::party(opt), dir);
 }
 

@@ -577,7 +577,7 @@ class optimizer {
   }
   /// The whole grads buffer; not with ZeRO-2 (d > 1), where the grads live per bucket.
   view<grad_type> grads() {
-    if (shards_grads())
+    if (zero_stage >= 2)
       throw std::logic_error("distopt::optimizer::grads(): with ZeRO-2 the full grads exist per bucket only; "
                              "write them through grad(name)");
     return {grads_.data(), grads_.size()};
@@ -1127,14 +1127,30 @@ class optimizer {
   void release_names(const tensor_names& names, bool keep) {
     for (std::string_view name : names) {
       const std::size_t i = index_of(name), k = hooks_.bucket_of(i);
-      if (!gathers_.release(i, k, layout_.tensors()[i].name) || zero_stage < 3) continue;
-      if (keep) {  // this rank's shard of the bucket, back into params_
-        const detail::shard_bucket& b = plan_.buckets()[k];
-        detail::copy_bytes(exec_, params_.data() + b.local_begin, param_pool_.of(k) + b.shard_begin(plan_.rank()),
-                           b.shard_size(plan_.rank()) * sizeof(param_type));
+      const bool last = gathers_.release(i, k, layout_.tensors()[i].name);
+      if constexpr (zero_stage >= 3) {
+        if (keep) {  // this tensor's part of this rank's shard, back into params_
+          const detail::shard_bucket& b = plan_.buckets()[k];
+          const std::size_t s0 = b.shard_begin(plan_.rank()), s1 = s0 + b.shard_size(plan_.rank());
+          const std::size_t t0 = plan_.tensor_buffer(i) - b.buffer_begin, t1 = t0 + layout_.tensors()[i].numel;
+          const std::size_t a = std::max(s0, t0), e = std::min(s1, t1);
+          if (a < e)
+            detail::copy_bytes(exec_, params_.data() + b.local_begin + (a - s0), param_pool_.of(k) + a,
+                               (e - a) * sizeof(param_type));
+        }
+        if (last) param_pool_.release(k);
       }
-      param_pool_.release(k);
     }
+  }
+
+  /// The step's grads and hooks start afresh (a checkpoint was loaded): collectives in
+  /// flight end, ZeRO-2's lent buffers go back (zeroed when lent again), nothing is
+  /// declared ready or started.
+  void drop_step_grads() {
+    wait_pending();
+    if (shards_grads())
+      for (std::size_t k = 0; k < plan_.buckets().size(); ++k) grad_pool_.release(k);
+    next_step_grads();
   }
   /// Before `what` changes the params: refuses gathered tensors (naming the first) and
   /// drops ZeRO-3's prefetches in flight.
@@ -1618,6 +1634,7 @@ class optimizer {
   /// gradient, all-reduced over DP for the tensors cut across ranks and over TP for split
   /// ones; then each tensor's history and scale, as bitsandbytes' percentile_clipping.
   void percentile_scales(double coef) {
+    wait_pending();  // the reductions reduce_grads left in flight write the grads read here
     const auto tensors = layout_.tensors();
     const auto& pieces = plan_.pieces();
     const bool local = reduces_in_fp32();

@@ -58,13 +58,6 @@ void check(const adamw::hyper_params& h, hook_run hr, dtype t) {
   }
 }
 
-adamw::hyper_params decayed() {
-  adamw::hyper_params h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  return h;
-}
-
 }  // namespace
 
 BOOST_TEST_GLOBAL_FIXTURE(mpi_environment);
@@ -77,13 +70,13 @@ BOOST_AUTO_TEST_CASE(stage_2_fp32_with_clipping_and_a_nan_step) {
   hr.layer = 2;
   hr.nan_step = 4;
   hr.options.max_grad_norm = 1.0;
-  check<sharded<float, 2>, precision<float>>(decayed(), hr, dtype::f32);
+  check<sharded<float, 2>, precision<float>>(adamw_decayed(), hr, dtype::f32);
 }
 
 BOOST_AUTO_TEST_CASE(stage_3_bf16_master_weights) {
   hook_run hr;
   hr.hooks = true;
-  check<sharded<float, 3>, precision<bf16>>(decayed(), hr, dtype::bf16);
+  check<sharded<float, 3>, precision<bf16>>(adamw_decayed(), hr, dtype::bf16);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -58,23 +58,25 @@ void check_stages(const std::vector<typename Policy::hyper_params>& h, hook_run 
         BOOST_TEST(std::count(ref.skipped.begin(), ref.skipped.end(), 1) == (hr.nan_step >= 0 ? 1 : 0));
         hook_run on = hr;
         on.hooks = true;
-        BOOST_TEST_CONTEXT("stage 1, hooks") expect_same(run_hooks<Policy, sharded<Enc>, Prec>(d, l, h, on), ref);
-        BOOST_TEST_CONTEXT("stage 2, no hooks") expect_same(run_hooks<Policy, sharded<Enc, 2>, Prec>(d, l, h, off), ref);
+        BOOST_TEST_CONTEXT("stage 1, hooks") check_same(run_hooks<Policy, sharded<Enc>, Prec>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 2, no hooks") check_same(run_hooks<Policy, sharded<Enc, 2>, Prec>(d, l, h, off), ref);
         on.layer = 2;
         on.order_seed = 7;
-        BOOST_TEST_CONTEXT("stage 2, hooks by two") expect_same(run_hooks<Policy, sharded<Enc, 2>, Prec>(d, l, h, on), ref);
-        BOOST_TEST_CONTEXT("stage 3, hooks by two") expect_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, on), ref);
-        BOOST_TEST_CONTEXT("stage 3, no hooks") expect_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, off), ref);
+        BOOST_TEST_CONTEXT("stage 2, hooks by two") check_same(run_hooks<Policy, sharded<Enc, 2>, Prec>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 3, hooks by two") check_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 3, no hooks") check_same(run_hooks<Policy, sharded<Enc, 3>, Prec>(d, l, h, off), ref);
       }
     }
   }
 }
 
-adamw::hyper_params adamw_decayed() {
-  adamw::hyper_params h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  return h;
+/// Three bf16 tensors, a bucket each with buckets of 512 elements.
+layout three_bf16_buckets() {
+  layout l;
+  l.add("w0", {1000}, dtype::bf16);
+  l.add("w1", {40, 30}, dtype::bf16);
+  l.add("w2", {700}, dtype::bf16);
+  return l;
 }
 
 }  // namespace
@@ -131,10 +133,10 @@ BOOST_AUTO_TEST_CASE(stage_2_with_hooks_on_the_emulated_device_equals_cpu) {
         on.hooks = true;
         const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(d, l, {adamw_decayed()}, off);
         BOOST_TEST_CONTEXT("stage 2")
-        expect_same(run_hooks<adamw, sharded<float, 2>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
+        check_same(run_hooks<adamw, sharded<float, 2>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
                     ref);
         BOOST_TEST_CONTEXT("stage 3")
-        expect_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
+        check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
                     ref);
       }
     }
@@ -150,7 +152,7 @@ BOOST_AUTO_TEST_CASE(stage_2_equals_one_rank_for_every_d) {
     const outcome ref = run_single<adamw, float, precision<fp16>>(l, {adamw_decayed()}, ro);
     for (int d = 1; d <= 4; ++d)
       BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
-    expect_same(run_threads<adamw, sharded<float, 2>, precision<fp16>>(d, l, {adamw_decayed()}, ro), ref);
+    check_same(run_threads<adamw, sharded<float, 2>, precision<fp16>>(d, l, {adamw_decayed()}, ro), ref);
   }
 }
 
@@ -168,7 +170,7 @@ BOOST_AUTO_TEST_CASE(stage_3_equals_one_rank_for_every_d) {
     const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(1, l, {adamw_decayed()}, hr);
     for (int d = 2; d <= 4; ++d)
       BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
-    expect_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>>(d, l, {adamw_decayed()}, hr), ref);
+    check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>>(d, l, {adamw_decayed()}, hr), ref);
   }
 }
 
@@ -206,15 +208,15 @@ struct rank_checks {
   }
 };
 
-/// Runs f(opt, checks) on two ranks as threads, three buckets (w0 | w1 | w2).
+/// Runs f(opt, checks) on two ranks as threads, on layout `l` (three buckets, w0 | w1 | w2, by default).
 template <class Storage, class F>
-void on_two_ranks(F f) {
+void on_two_ranks(F f, const layout& l = two_buckets()) {
   optimizer_options o;
   o.bucket_elems = 512;
   std::array<rank_checks, 2> checks;
   run_ranks(2, [&](threads& comm) {
     const int rank = comm.rank();
-    opt2<Storage> opt(two_buckets(), adamw_decayed(), o, cpu(1), std::move(comm));
+    opt2<Storage> opt(l, adamw_decayed(), o, cpu(1), std::move(comm));
     f(opt, checks[static_cast<std::size_t>(rank)]);
   });
   for (std::size_t r = 0; r < checks.size(); ++r)
@@ -298,6 +300,34 @@ BOOST_AUTO_TEST_CASE(stage_3_gathers_are_checked) {
   });
 }
 
+// keep_writes keeps the released tensor's writes, whatever else of its bucket is gathered:
+// a and b share one bucket (a block each, one on each rank's shard).
+BOOST_AUTO_TEST_CASE(keep_writes_is_per_tensor) {
+  layout l;
+  l.add("a", {100}, dtype::f32);
+  l.add("b", {100}, dtype::f32);
+  on_two_ranks<sharded<float, 3>>(
+      [](auto& opt, rank_checks& c) {
+        for (const bool keep_a : {true, false}) {
+          opt.gather({"a", "b"});
+          for (auto& p : opt.param("a")) p = keep_a ? 1.0f : 3.0f;
+          for (auto& p : opt.param("b")) p = keep_a ? 2.0f : 4.0f;
+          if (keep_a) {
+            opt.release("a", keep_writes);
+            opt.release("b");
+          } else {
+            opt.release("a");
+            opt.release("b", keep_writes);
+          }
+          opt.gather({"a", "b"});
+          c.expect(opt.param("a")[99] == 1.0f, "a: the kept write is " + std::to_string(opt.param("a")[99]));
+          c.expect(opt.param("b")[0] == (keep_a ? 0.0f : 4.0f), "b: " + std::to_string(opt.param("b")[0]));
+          opt.release({"a", "b"});
+        }
+      },
+      l);
+}
+
 BOOST_AUTO_TEST_CASE(after_reduce_grads_stage_2_refuses_grad_views) {
   on_two_ranks<sharded<float, 2>>([](auto& opt, rank_checks& c) {
     opt.clip_grad_norm(1.0);  // reduces
@@ -312,10 +342,7 @@ BOOST_AUTO_TEST_CASE(after_reduce_grads_stage_2_refuses_grad_views) {
 // backward writes them: with the hooks after each bucket, one at a time when reductions
 // are blocking (fp32 reduction of bf16 grads); all at once without hooks.
 BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
-  layout l;
-  l.add("w0", {1000}, dtype::bf16);
-  l.add("w1", {40, 30}, dtype::bf16);
-  l.add("w2", {700}, dtype::bf16);
+  const layout l = three_bf16_buckets();
   optimizer_options o;
   o.bucket_elems = 512;
   o.grad_reduce_in_fp32 = true;
@@ -350,10 +377,7 @@ BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
 // README's table: the persistent bytes of each category follow the stage, for d = 4
 // (bf16 params and grads, fp32 master weights, AdamW's two fp32 states).
 BOOST_AUTO_TEST_CASE(persistent_bytes_follow_the_stage_model) {
-  layout l;
-  l.add("w0", {1000}, dtype::bf16);
-  l.add("w1", {40, 30}, dtype::bf16);
-  l.add("w2", {700}, dtype::bf16);
+  const layout l = three_bf16_buckets();
   optimizer_options o;
   o.bucket_elems = 512;
   const std::size_t numel = 2900, local = detail::shard_plan(l, 4, 0, 512, 1u << 14).local_numel();
@@ -384,10 +408,7 @@ BOOST_AUTO_TEST_CASE(persistent_bytes_follow_the_stage_model) {
 // gather to release: one at a time when each layer is released before the next is
 // gathered, two with the next one prefetched.
 BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_params_and_the_pool_peak) {
-  layout l;
-  l.add("w0", {1000}, dtype::bf16);
-  l.add("w1", {40, 30}, dtype::bf16);
-  l.add("w2", {700}, dtype::bf16);
+  const layout l = three_bf16_buckets();
   optimizer_options o;
   o.bucket_elems = 512;
   using z3 = optimizer<adamw, sharded<float, 3>, threads, cpu, precision<bf16>>;

@@ -4,7 +4,7 @@
 // ZeRO-stage tests: tests/unit/zero.cpp (ranks as threads) and tests/mpi/mpi_zero.cpp.
 #pragma once
 
-#include "sharded_harness.hpp"
+#include "executor_harness.hpp"  // check_same
 
 #include <boost/test/unit_test.hpp>
 
@@ -124,14 +124,12 @@ void drive_hooks(Opt& opt, int rank, int d, const hook_run& hr, outcome* out) {
   }
 }
 
-/// Every outcome field the same, bit for bit (the norms compared as bytes: NaN != NaN).
-inline void expect_same(const outcome& got, const outcome& ref) {
-  BOOST_TEST((got.params == ref.params));
-  BOOST_TEST((got.master == ref.master));
-  BOOST_TEST((got.states == ref.states));
-  BOOST_TEST((got.absmax == ref.absmax));
-  BOOST_TEST((got.skipped == ref.skipped));
-  BOOST_TEST(std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0);
+/// AdamW with decoupled weight decay: the policy most of the ZeRO tests run.
+inline distopt::adamw::hyper_params adamw_decayed() {
+  distopt::adamw::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  return h;
 }
 
 }  // namespace harness
