@@ -143,6 +143,23 @@ BOOST_AUTO_TEST_CASE(stage_2_with_hooks_on_the_emulated_device_equals_cpu) {
   }
 }
 
+// Replicated storage: grads_ready starts each bucket's all-reduce; the same bits as without.
+BOOST_AUTO_TEST_CASE(replicated_storage_with_hooks) {
+  hook_run hr;
+  hr.nan_step = 2;
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::f32);
+    for (int d = 1; d <= 3; ++d) {
+      hook_run on = hr;
+      on.hooks = true;
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
+      check_same(run_hooks<adamw, replicated<float>, precision<float>>(d, l, {adamw_decayed()}, on),
+                 run_hooks<adamw, replicated<float>, precision<float>>(d, l, {adamw_decayed()}, hr));
+    }
+  }
+}
+
 // Across d: the rank-0 trick makes the reduction exact, so stage 2 equals one rank.
 BOOST_AUTO_TEST_CASE(stage_2_equals_one_rank_for_every_d) {
   run_options ro = cases::fp16_loss_scaling();
