@@ -4,7 +4,8 @@
 // The training loop for one policy and one param number type, on one rank or data-parallel
 // over several (ranks as threads, or MPI processes) with sharded optimizer state. Included
 // only by the train_<policy>.cpp files, each of which instantiates it for fp32 and bf16
-// params and every way of running ranks.
+// params and every way of running ranks. Ranks as threads and MPI processes hold their
+// communicator in a `distopt::any_comm`, so that both run the same optimizer types.
 
 #include <distopt/distopt.hpp>
 #ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
@@ -217,7 +218,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, float>> opt(
       std::move(tensors), groups_of(in), options, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
-  if constexpr (std::is_same_v<Comm, distopt::threads>)
+  if constexpr (distributed)
     if (tp_opt) opt.set_tensor_parallel_group(std::move(*tp_opt));
   // The sum of one number over the ranks (a loss, a count of correct answers).
   auto sum_over_ranks = [&opt](double x) {
@@ -330,7 +331,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   const std::size_t most_rows = share_of(batch, ranks, 0).count;  // rank 0's part is the largest
   const int eval_batch = 1000;
   tp_group model_tp;
-  if constexpr (std::is_same_v<Comm, distopt::threads>)
+  if constexpr (distributed)
     if (tp_model)
       model_tp = {tp_rank, tp_size,
                   [&tp_model](std::span<float> v) { tp_model->all_reduce(v, distopt::reduce_op::sum); }};
@@ -464,7 +465,8 @@ history train_mpi(const config& cfg) {
     if (ranks - static_cast<int>(first_refusing[0]) != rank) throw refused_elsewhere{};
     throw usage_error(rank == 0 ? refusal : "rank " + std::to_string(rank) + ": " + refusal);
   }
-  return train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, *in, "MPI processes", std::move(world));
+  return train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, *in, "MPI processes",
+                                                         distopt::any_comm(std::move(world)));
 #else
   (void)cfg;
   throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
@@ -479,9 +481,7 @@ template <class Policy, class Param, class Enc>
 history train_typed(const config& cfg) {
   if (cfg.comm == "mpi") {
     if (cfg.tp > 1) throw usage_error("--tp: tensor parallelism runs its ranks as threads only, not with --comm mpi");
-    // 8-bit states run on one rank and on ranks as threads (fewer instantiations to build).
-    if constexpr (std::is_same_v<Enc, distopt::fp32>) return train_mpi<Policy, Param, Enc>(cfg);
-    else throw usage_error("--state q8: runs with --comm threads (one rank or --ranks N), not --comm mpi");
+    return train_mpi<Policy, Param, Enc>(cfg);
   }
   const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
   const int dp = std::max(cfg.ranks, 1), tp = std::max(cfg.tp, 1);
@@ -498,14 +498,14 @@ history train_typed(const config& cfg) {
   history out;
   distopt::run_ranks(dp * tp, [&](distopt::threads& world) {
     const int rank = world.rank(), d = rank / tp, t = rank % tp;
-    std::optional<distopt::threads> tp_opt, tp_model;  // the same TP group, twice
+    std::optional<distopt::any_comm> tp_opt, tp_model;  // the same TP group, twice
     if (tp > 1) {
       tp_opt.emplace(world.split(d, t));
       tp_model.emplace(world.split(d, t));
     }
-    distopt::threads dp_comm = tp > 1 ? world.split(t, d) : std::move(world);
+    distopt::any_comm dp_comm(tp > 1 ? world.split(t, d) : std::move(world));
     history h = train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, in, "threads", std::move(dp_comm),
-                                                                           std::move(tp_opt), std::move(tp_model));
+                                                                 std::move(tp_opt), std::move(tp_model));
     if (rank == 0) out = std::move(h);
   });
   return out;
