@@ -42,6 +42,7 @@ struct config {
   int ranks = 0;          // --ranks; 0: not given (one rank, or the MPI world size)
   int tp = 1;             // --tp: tensor-parallel ranks per data-parallel rank (threads only)
   std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
+  int zero = 0;           // --zero: the ZeRO stage (1-3), with the overlap hooks; 0: not given
   std::string backend = "cpu";   // the optimizer's executor: cpu or kokkos (one rank)
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;

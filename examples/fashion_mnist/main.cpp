@@ -41,7 +41,7 @@ constexpr const char* usage_text =
     "                             [--threads N] [--seed N]\n"
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
-    "                             [--ranks N] [--tp T] [--comm threads|mpi]\n"
+    "                             [--ranks N] [--tp T] [--comm threads|mpi] [--zero 1|2|3]\n"
     "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
     "                             [--backend cpu|kokkos]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
@@ -92,6 +92,13 @@ constexpr const char* usage_text =
     "  --comm          threads (default) or mpi: one rank per MPI process, started with\n"
     "                  mpirun -np N distopt-fashion-mnist --comm mpi (--ranks, if given, must\n"
     "                  be N); rank 0 prints and writes --log and --plot\n"
+    "  --zero          the ZeRO stage of the sharded state (1 states, 2 and grads, 3 and\n"
+    "                  params), with the overlap hooks: each layer's params gathered around its\n"
+    "                  forward and backward (stage 3: all-gathered, the next layer prefetched),\n"
+    "                  its grads' reduce-scatter started as soon as backward has written them.\n"
+    "                  Trains bit for bit as without --zero for the same --ranks (one rank:\n"
+    "                  sharded over one). Stages 2 and 3: fp32 params and states. Not for\n"
+    "                  galore_adamw and muon, nor with --tp or --backend kokkos\n"
     "  --backend       the optimizer's executor: cpu (default; --threads threads) or kokkos\n"
     "                  (Kokkos's default host space, its own threads; one rank): both train\n"
     "                  bit for bit alike\n";
@@ -178,6 +185,9 @@ fmnist::config parse_args(int argc, char** argv) {
       cfg.tp = parse_number<int>(a, value(), 1);
       if (cfg.tp > max_ranks)
         throw usage_error("--tp: must be at most " + std::to_string(max_ranks) + ", got " + std::to_string(cfg.tp));
+    } else if (a == "--zero") {
+      cfg.zero = parse_number<int>(a, value(), 1);
+      if (cfg.zero > 3) throw usage_error("--zero: the ZeRO stage is 1, 2 or 3, got " + std::to_string(cfg.zero));
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -206,6 +216,17 @@ fmnist::config parse_args(int argc, char** argv) {
 #endif
     } else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
+  }
+  if (cfg.zero > 0) {
+    const std::string stage = "--zero " + std::to_string(cfg.zero);
+    if (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon")
+      throw usage_error(stage + ": " + cfg.optimizer + " updates whole matrices of the full grads; it runs " +
+                        "without --zero (its state sharded over --ranks as usual)");
+    if (cfg.tp > 1) throw usage_error(stage + ": not with --tp in distopt-fashion-mnist");
+    if (cfg.backend == "kokkos") throw usage_error(stage + ": not with --backend kokkos (one rank, replicated state)");
+    if (cfg.zero >= 2 && (cfg.param_dtype != "fp32" || cfg.state != "fp32"))
+      throw usage_error(stage + ": distopt-fashion-mnist builds stages 2 and 3 for fp32 params and states "
+                        "(--param-dtype fp32 --state fp32); stage 1 takes every combination");
   }
   if (cfg.backend == "kokkos" && (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi"))
     throw usage_error("--backend kokkos: runs one rank in distopt-fashion-mnist (no --ranks, --tp or --comm mpi)");

@@ -55,26 +55,28 @@ std::pair<const float*, int> mlp::input_of(int l, const float* x) const {
   return {in, stride};
 }
 
-const float* mlp::forward(std::span<const linear_ref> layers, const float* x, int n) {
+const float* mlp::forward(std::span<const linear_ref> layers, const float* x, int n, const layer_calls* calls) {
   for (int l = 0; l < layer_count(); ++l) {
+    const linear_ref layer = calls ? calls->acquire(l, false) : layers[static_cast<std::size_t>(l)];
     const geometry& g = geo_[static_cast<std::size_t>(l)];
     const auto [in, ld] = input_of(l, x);
     const int k = g.in_local, m = g.out_local;
     float* out = out_[static_cast<std::size_t>(l)].data();
     if (g.split != layer_split::row) {
       // The bias goes in first so that the product accumulates onto it (beta = 1).
-      for (int r = 0; r < n; ++r) std::copy_n(layers[l].bias, m, out + std::size_t(r) * m);
+      for (int r = 0; r < n; ++r) std::copy_n(layer.bias, m, out + std::size_t(r) * m);
       // out[n, m] += in[n, k] * weight[m, k]^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, in, ld, layers[l].weight, k,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, in, ld, layer.weight, k,
                   1.0f, out, m);
     } else {
       // Partial sums over this rank's inputs, summed over the TP group; then the whole bias.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, in, ld, layers[l].weight, k,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, in, ld, layer.weight, k,
                   0.0f, out, m);
       all_reduce(out, std::size_t(n) * m);
       for (int r = 0; r < n; ++r)
-        for (int c = 0; c < m; ++c) out[std::size_t(r) * m + c] += layers[l].bias[c];
+        for (int c = 0; c < m; ++c) out[std::size_t(r) * m + c] += layer.bias[c];
     }
+    if (calls) calls->release(l);
     if (l + 1 < layer_count())
       for (std::size_t i = 0, e = std::size_t(n) * m; i < e; ++i) out[i] = std::max(out[i], 0.0f);
   }
@@ -82,10 +84,10 @@ const float* mlp::forward(std::span<const linear_ref> layers, const float* x, in
 }
 
 double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
-                        const std::uint8_t* labels, int n, int divisor) {
+                        const std::uint8_t* labels, int n, int divisor, const layer_calls* calls) {
   if (n < 1 || n > max_batch_ || divisor < 1) throw std::invalid_argument("mlp::train_batch: bad row count");
   const int classes = sizes_.back();
-  const float* logits = forward(layers, x, n);
+  const float* logits = forward(layers, x, n, calls);
 
   // Softmax cross-entropy; its gradient w.r.t. the logits is (softmax - one_hot) / divisor.
   // With tensor parallelism every TP rank holds the same logits and computes the same.
@@ -103,25 +105,30 @@ double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
   }
 
   for (int l = layer_count() - 1; l >= 0; --l) {
+    const linear_ref layer = calls ? calls->acquire(l, true) : layers[static_cast<std::size_t>(l)];
     const geometry& g = geo_[static_cast<std::size_t>(l)];
     const auto [in, ld] = input_of(l, x);
     const int k = g.in_local, m = g.out_local;
     // weight_grad[m, k] = delta[n, m]^T * in[n, k]
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, n, 1.0f, delta_.data(), m, in, ld,
-                0.0f, layers[l].weight_grad, k);
-    float* gb = layers[l].bias_grad;
+                0.0f, layer.weight_grad, k);
+    float* gb = layer.bias_grad;
     std::fill_n(gb, m, 0.0f);
     for (int r = 0; r < n; ++r) {
       const float* d = delta_.data() + std::size_t(r) * m;
       for (int c = 0; c < m; ++c) gb[c] += d[c];
     }
-    if (l == 0) break;  // no gradient is needed for the images
+    if (calls) calls->grads_written(l);  // its reduction may start while the layers below compute
+    if (l == 0) {  // no gradient is needed for the images
+      if (calls) calls->release(l);
+      break;
+    }
     // delta_next[n, k] = delta[n, m] * weight[m, k], then through the ReLU below
     const float* below = out_[static_cast<std::size_t>(l - 1)].data();
     const int width = geo_[static_cast<std::size_t>(l - 1)].out_local;  // of delta_next and `below`
     if (!g.slices_input) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, k, m, 1.0f, delta_.data(), m,
-                  layers[l].weight, k, 0.0f, delta_next_.data(), k);
+                  layer.weight, k, 0.0f, delta_next_.data(), k);
       // Column-parallel: each rank's product sums over its outputs only.
       if (g.split == layer_split::column) all_reduce(delta_next_.data(), std::size_t(n) * k);
     } else {
@@ -129,9 +136,10 @@ double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
       // gradient, gathered (as a sum with zeros elsewhere, which is exact) into the whole.
       std::fill_n(delta_next_.data(), std::size_t(n) * width, 0.0f);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, k, m, 1.0f, delta_.data(), m,
-                  layers[l].weight, k, 0.0f, delta_next_.data() + std::size_t(tp_.rank) * k, width);
+                  layer.weight, k, 0.0f, delta_next_.data() + std::size_t(tp_.rank) * k, width);
       all_reduce(delta_next_.data(), std::size_t(n) * width);
     }
+    if (calls) calls->release(l);
     for (std::size_t i = 0, e = std::size_t(n) * width; i < e; ++i)
       if (!(below[i] > 0.0f)) delta_next_[i] = 0.0f;
     std::swap(delta_, delta_next_);
@@ -140,9 +148,9 @@ double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
 }
 
 int mlp::count_correct(std::span<const linear_ref> layers, const float* x,
-                       const std::uint8_t* labels, int n) {
+                       const std::uint8_t* labels, int n, const layer_calls* calls) {
   const int classes = sizes_.back();
-  const float* logits = forward(layers, x, n);
+  const float* logits = forward(layers, x, n, calls);
   int correct = 0;
   for (int r = 0; r < n; ++r) {
     const float* z = logits + std::size_t(r) * classes;

@@ -36,6 +36,18 @@ struct linear_ref {
   float* bias_grad;
 };
 
+/// Calls around each layer of a pass, for a trainer whose weights and gradients are not
+/// always there (the ZeRO stages' gathers and the overlap hooks). `acquire(l, backward)`
+/// runs before layer l is used and returns its refs for this use (the grads only when
+/// `backward`); `release(l)` runs after that use; `grads_written(l)` once backward has
+/// written layer l's gradients, before its release. Forward visits the layers upwards,
+/// backward downwards.
+struct layer_calls {
+  std::function<linear_ref(int l, bool backward)> acquire;
+  std::function<void(int l)> release;
+  std::function<void(int l)> grads_written;
+};
+
 /// How tensor parallelism splits one layer.
 enum class layer_split {
   none,    // no tensor parallelism: the whole layer on every rank
@@ -72,12 +84,13 @@ class mlp {
   /// B, so that the ranks' gradients sum to the batch's mean gradient. With tensor
   /// parallelism every rank of the TP group calls it with the same rows, and gets the
   /// gradients of its parts (those of the whole output bias are the same on every rank).
+  /// With `calls`, each layer's refs come from calls->acquire instead of `layers`.
   double train_batch(std::span<const linear_ref> layers, const float* x,
-                     const std::uint8_t* labels, int n, int divisor);
+                     const std::uint8_t* labels, int n, int divisor, const layer_calls* calls = nullptr);
 
   /// The number of rows whose highest logit is at their label (collective over the TP group).
   int count_correct(std::span<const linear_ref> layers, const float* x,
-                    const std::uint8_t* labels, int n);
+                    const std::uint8_t* labels, int n, const layer_calls* calls = nullptr);
 
  private:
   /// Layer l's shape on this rank and where its input comes from.
@@ -88,7 +101,7 @@ class mlp {
     int out_local = 0;           // rows of this rank's weight, and columns of its output
     bool slices_input = false;   // row-parallel reading its slice of a whole input
   };
-  const float* forward(std::span<const linear_ref> layers, const float* x, int n);
+  const float* forward(std::span<const linear_ref> layers, const float* x, int n, const layer_calls* calls);
   /// Layer l's input and its row stride (offset to this rank's slice where it takes one).
   std::pair<const float*, int> input_of(int l, const float* x) const;
   void all_reduce(float* data, std::size_t count) const;

@@ -167,6 +167,14 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
 /// over it as mlp.hpp describes, each TP rank registering and updating its parts only. The
 /// TP ranks of one data-parallel rank take the same rows of every batch; rank 0 of both
 /// groups prints and writes the log.
+///
+/// With --zero S the loop calls the optimizer's overlap hooks layer by layer (mlp's
+/// layer_calls): a layer's params are gathered before its forward and its backward and
+/// released after each (ZeRO-3: all-gathered into pooled buffers, the next layer's
+/// prefetched meanwhile; other stages: bookkeeping), and its grads declared ready as soon as
+/// backward has written them, so that their reduce-scatter runs while the layers below
+/// compute. Every tensor is a bucket of its own then (bucket_elems = 1), for one collective
+/// per tensor. The stage and the hooks change no bit of the result.
 template <class Policy, class Param, class Storage, class Comm, class Exec = distopt::cpu>
 history train_rank(const config& cfg, const prepared<Policy>& in, std::string_view comm_name, Comm comm,
                    std::optional<Comm> tp_opt = std::nullopt, std::optional<Comm> tp_model = std::nullopt) {
@@ -178,6 +186,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   const int tp_rank = tp_model ? tp_model->rank() : 0, tp_size = tp_model ? tp_model->size() : 1;
   const bool writer = rank == 0 && tp_rank == 0;
   const dataset& data = in.data;
+  const bool hooks = cfg.zero > 0;  // the overlap hooks, layer by layer
+  constexpr int zero_stage = distopt::storage_zero_stage<Storage>();
 
   std::vector<int> sizes{static_cast<int>(data.pixels)};
   sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
@@ -216,6 +226,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   distopt::optimizer_options options;
   options.seed = cfg.seed;
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
+  if (hooks) options.bucket_elems = 1;  // a bucket per tensor: each layer's reduction starts after its backward
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, float>> opt(
       std::move(tensors), groups_of(in), options, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if constexpr (distributed)
@@ -246,7 +257,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       const std::size_t cols = t == 0 ? static_cast<std::size_t>(sizes[l]) : 1;
       whole.resize(rows * cols);
       for (float& w : whole) w = uniform(rng);
-      std::span<Param> part = opt.param(names[2 * l + t]);
+      const std::string& name = names[static_cast<std::size_t>(2 * l + t)];
+      if (hooks) opt.gather(name);  // ZeRO-3: a full view to write into
+      std::span<Param> part = opt.param(name);
       const distopt::tp_split split = splits[static_cast<std::size_t>(2 * l + t)];
       const auto ut = static_cast<std::size_t>(tp_size), ur = static_cast<std::size_t>(tp_rank);
       const std::size_t part_cols = split == distopt::tp_split::cols ? cols / ut : cols;
@@ -254,16 +267,18 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       const std::size_t first_col = split == distopt::tp_split::cols ? ur * part_cols : 0;
       for (std::size_t i = 0; i < part.size(); ++i)
         part[i] = distopt::from_float<Param>(whole[(first_row + i / part_cols) * cols + first_col + i % part_cols]);
+      if (hooks) opt.release(name, distopt::keep_writes);  // ZeRO-3: this rank keeps its shard
     }
   }
 
   // fp32 params are read by BLAS in place; bf16 params through a float copy refreshed
-  // after every step (distopt keeps the fp32 master weights the update works on).
+  // after every step (distopt keeps the fp32 master weights the update works on). With the
+  // hooks, the layer calls below hand BLAS each layer's params and grads when it runs.
   std::vector<std::vector<float>> shadow(fp32_params ? 0 : names.size());
   std::vector<const float*> values(names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     if constexpr (fp32_params) {
-      values[i] = opt.param(names[i]).data();
+      if (!hooks) values[i] = opt.param(names[i]).data();
     } else {
       shadow[i].resize(opt.param(names[i]).size());
       values[i] = shadow[i].data();
@@ -298,9 +313,56 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 #endif
   };
   std::vector<linear_ref> layers;
-  for (int l = 0; l < layer_count; ++l)
-    layers.push_back({values[2 * l], values[2 * l + 1], opt.grad(names[2 * l]).data(),
-                      opt.grad(names[2 * l + 1]).data()});
+  if (!hooks)
+    for (int l = 0; l < layer_count; ++l)
+      layers.push_back({values[2 * l], values[2 * l + 1], opt.grad(names[2 * l]).data(),
+                        opt.grad(names[2 * l + 1]).data()});
+  // The layer calls of --zero: layer l's tensors are names[2l] (weight) and names[2l + 1].
+  const auto layer_names = [&names](int l) {
+    const auto i = static_cast<std::size_t>(2 * l);
+    return distopt::tensor_names{names[i], names[i + 1]};
+  };
+  layer_calls calls;
+  calls.acquire = [&](int l, bool backward) {
+    opt.gather(layer_names(l));
+    const int next = backward ? l - 1 : l + 1;  // the next layer of this pass, on its way meanwhile
+    if (next >= 0 && next < layer_count) opt.prefetch(layer_names(next));
+    const auto i = static_cast<std::size_t>(2 * l);
+    linear_ref r{};
+    if constexpr (fp32_params) {
+      r.weight = opt.param(names[i]).data();
+      r.bias = opt.param(names[i + 1]).data();
+    } else {  // --zero 1 only (main refuses bf16 at stages 2 and 3): params in place, read through the copy
+      r.weight = shadow[i].data();
+      r.bias = shadow[i + 1].data();
+    }
+    if (backward) {
+      r.weight_grad = opt.grad(names[i]).data();
+      r.bias_grad = opt.grad(names[i + 1]).data();
+    }
+    return r;
+  };
+  calls.release = [&](int l) { opt.release(layer_names(l)); };
+  calls.grads_written = [&](int l) { opt.grads_ready(layer_names(l)); };
+  const layer_calls* const model_calls = hooks ? &calls : nullptr;
+  // A pass without rows, on a rank whose part of a batch is empty: the model's layer calls in
+  // the model's order (backward: zero grads), so that its collectives (ZeRO-3's gathers, the
+  // grads' reductions) pair with those of the ranks that compute.
+  const auto idle_pass = [&](bool backward) {
+    for (int l = 0; l < layer_count; ++l) {
+      calls.acquire(l, false);
+      calls.release(l);
+    }
+    for (int l = layer_count - 1; backward && l >= 0; --l) {
+      calls.acquire(l, true);
+      for (int t = 0; t < 2; ++t) {
+        const auto g = opt.grad(names[static_cast<std::size_t>(2 * l + t)]);
+        std::fill(g.begin(), g.end(), 0.0f);
+      }
+      calls.grads_written(l);
+      calls.release(l);
+    }
+  };
   std::FILE* const log = writer ? in.log.get() : nullptr;
 
   std::string shape;
@@ -324,6 +386,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
                 << cfg.threads << " threads per rank; optimizer state sharded over the ranks";
     else
       std::cout << ", " << cfg.epochs << " epochs, " << cfg.threads << " threads";
+    if (hooks)
+      std::cout << "; ZeRO-" << zero_stage << " ("
+                << (zero_stage == 1   ? "states"
+                    : zero_stage == 2 ? "states and grads"
+                                      : "states, grads and params")
+                << " sharded), hooks layer by layer";
     std::cout << std::endl;
   }
 
@@ -338,12 +406,22 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   mlp model(sizes, std::max(static_cast<int>(most_rows), eval_batch), std::move(model_tp));
   // Each rank scores its part of the test set; the counts are summed exactly.
   const share test_part = share_of(data.test.count, ranks, rank);
+  // With --zero every rank runs as many evaluation batches as rank 0 (whose part is the
+  // largest): each is a pass of layer calls that the ranks make together.
+  const std::size_t eval_rows = static_cast<std::size_t>(eval_batch);
+  const std::size_t eval_batches = (share_of(data.test.count, ranks, 0).count + eval_rows - 1) / eval_rows;
   auto test_accuracy = [&] {
     std::size_t correct = 0;
-    for (std::size_t b = test_part.first, end = test_part.first + test_part.count; b < end; b += eval_batch) {
-      const int n = static_cast<int>(std::min<std::size_t>(eval_batch, end - b));
+    const std::size_t end = test_part.first + test_part.count;
+    for (std::size_t j = 0; j < eval_batches; ++j) {
+      const std::size_t b = test_part.first + j * eval_rows;
+      if (b >= end) {
+        if (hooks) idle_pass(false);
+        continue;
+      }
+      const int n = static_cast<int>(std::min(eval_rows, end - b));
       correct += static_cast<std::size_t>(model.count_correct(
-          layers, data.test.images.data() + b * data.pixels, data.test.labels.data() + b, n));
+          layers, data.test.images.data() + b * data.pixels, data.test.labels.data() + b, n, model_calls));
     }
     return sum_over_ranks(static_cast<double>(correct)) / static_cast<double>(data.test.count);
   };
@@ -382,7 +460,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
           batch_y[r] = data.train.labels[s];
         }
         part_loss = model.train_batch(layers, batch_x.data(), batch_y.data(), static_cast<int>(part.count),
-                                      static_cast<int>(n));
+                                      static_cast<int>(n), model_calls);
+      } else if (hooks) {
+        idle_pass(true);  // nothing to add, in the other ranks' order of layer calls
       } else {
         opt.zero_grad();  // a last batch smaller than the number of ranks: nothing to add
       }
@@ -441,6 +521,19 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   return hist;
 }
 
+/// sharded<Enc> at the ZeRO stage of --zero (1 without it). Stages 2 and 3 are built for
+/// fp32 params and states only, and not for GaLore and Muon, which read whole matrices of the
+/// full grads: main refuses the rest before anything starts.
+template <class Policy, class Param, class Enc, class... Args>
+history train_sharded(const config& cfg, const prepared<Policy>& in, Args&&... args) {
+  if constexpr (std::is_same_v<Param, float> && std::is_same_v<Enc, distopt::fp32> && !has_matrix_groups<Policy>) {
+    if (cfg.zero == 2) return train_rank<Policy, Param, distopt::sharded<Enc, 2>>(cfg, in, std::forward<Args>(args)...);
+    if (cfg.zero == 3) return train_rank<Policy, Param, distopt::sharded<Enc, 3>>(cfg, in, std::forward<Args>(args)...);
+  }
+  if (cfg.zero >= 2) throw usage_error("--zero " + std::to_string(cfg.zero) + ": not built for this combination");
+  return train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, in, std::forward<Args>(args)...);
+}
+
 /// --comm mpi: one rank per process. Every process checks its inputs and they agree before
 /// training: if any refused, the lowest such rank prints why and every process exits with
 /// code 2 (none is left waiting in a collective for a process that gave up).
@@ -465,8 +558,7 @@ history train_mpi(const config& cfg) {
     if (ranks - static_cast<int>(first_refusing[0]) != rank) throw refused_elsewhere{};
     throw usage_error(rank == 0 ? refusal : "rank " + std::to_string(rank) + ": " + refusal);
   }
-  return train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, *in, "MPI processes",
-                                                         distopt::any_comm(std::move(world)));
+  return train_sharded<Policy, Param, Enc>(cfg, *in, "MPI processes", distopt::any_comm(std::move(world)));
 #else
   (void)cfg;
   throw usage_error("--comm mpi: this distopt-fashion-mnist was built without MPI (configure with "
@@ -493,7 +585,7 @@ history train_typed(const config& cfg) {
     throw usage_error("--backend kokkos: this distopt-fashion-mnist was built without Kokkos");
 #endif
   }
-  if (dp == 1 && tp == 1)
+  if (dp == 1 && tp == 1 && cfg.zero == 0)  // with --zero, one rank runs sharded over one
     return train_rank<Policy, Param, distopt::replicated<Enc>>(cfg, in, "", distopt::single{});
   history out;
   distopt::run_ranks(dp * tp, [&](distopt::threads& world) {
@@ -504,8 +596,8 @@ history train_typed(const config& cfg) {
       tp_model.emplace(world.split(d, t));
     }
     distopt::any_comm dp_comm(tp > 1 ? world.split(t, d) : std::move(world));
-    history h = train_rank<Policy, Param, distopt::sharded<Enc>>(cfg, in, "threads", std::move(dp_comm),
-                                                                 std::move(tp_opt), std::move(tp_model));
+    history h = train_sharded<Policy, Param, Enc>(cfg, in, "threads", std::move(dp_comm), std::move(tp_opt),
+                                                  std::move(tp_model));
     if (rank == 0) out = std::move(h);
   });
   return out;
