@@ -96,6 +96,15 @@ struct optimizer_options {
   /// executor it never reaches the host. An explicit clip_grad_norm call overrides it for
   /// the step that follows.
   double max_grad_norm = 0.0;
+  /// Before each collective on a bucket (a grads' reduction, started by grads_ready or by
+  /// the step; a ZeRO-3 gather or prefetch), the ranks compare which collective on which
+  /// bucket they are starting, and a difference throws std::logic_error on every rank,
+  /// naming each rank's tensors. It costs one small blocking all-gather per bucket
+  /// collective, a meeting point that holds back the overlap: for debugging a training
+  /// loop's hook calls (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL checks collectives).
+  /// Off, hooks called in different orders show as a collective's size mismatch, a hang, or
+  /// wrong sums when the sizes agree.
+  bool check_hook_order = false;
   // New options go last: code that initialises this struct positionally keeps compiling.
 };
 
@@ -306,18 +315,19 @@ class optimizer {
     plan_ = detail::shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0,
                                options_.bucket_elems, chunk_elems, owned_tensors());
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
-    std::size_t largest = 0;  // elements of the largest bucket
-    for (const auto& b : plan_.buckets()) largest = std::max(largest, b.padded());
+    std::vector<std::size_t> bucket_sizes;  // each bucket's elements, padded
+    for (const auto& b : plan_.buckets()) bucket_sizes.push_back(b.padded());
+    const std::size_t largest = bucket_sizes.empty() ? 0 : std::ranges::max(bucket_sizes);
     params_ = detail::buffer<param_type, Exec>(exec_, shards_params() ? plan_.local_size() : plan_.buffer_size());
     gathers_ = detail::param_gathers(plan_.buckets().size(), layout_.tensors().size());
     if (shards_params()) {
-      param_pool_ = detail::bucket_pool<param_type, Exec>(plan_.buckets().size(), largest);
+      param_pool_ = detail::bucket_pool<param_type, Exec>(bucket_sizes);
       param_pending_.resize(plan_.buckets().size());
       param_scope_.resize(plan_.buckets().size());
     }
     if (!shards_grads()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     else if (!reduces_in_fp32()) grads_ = detail::buffer<grad_type, Exec>(exec_, plan_.local_size());
-    if (shards_grads()) grad_pool_ = detail::bucket_pool<grad_type, Exec>(plan_.buckets().size(), largest);
+    if (shards_grads()) grad_pool_ = detail::bucket_pool<grad_type, Exec>(bucket_sizes);
     hooks_ = detail::grad_hooks(plan_, layout_.tensors().size());
     if (reduces_in_fp32()) {
       grads32_ = detail::buffer<float, Exec>(exec_, plan_.local_size());
@@ -417,7 +427,7 @@ class optimizer {
       if (hooks_.mark(i, layout_.tensors()[i].name)) {
         const std::size_t k = hooks_.bucket_of(i);
         hooks_.start(k);
-        start_reduce(k);
+        start_reduce(k, "grads_ready");
       }
     }
     reap_reductions();
@@ -434,7 +444,7 @@ class optimizer {
       const std::size_t i = index_of(name), k = hooks_.bucket_of(i);
       if (gathers_.gather(i, k, layout_.tensors()[i].name) && zero_stage >= 3) {
         if (gathers_.prefetched(k)) finish_prefetch(k);
-        else gather_bucket_params(k, false);
+        else gather_bucket_params(k, false, "gather");
       }
     }
   }
@@ -447,7 +457,7 @@ class optimizer {
         const std::size_t k = hooks_.bucket_of(index_of(name));
         if (gathers_.holds(k) || gathers_.prefetched(k)) continue;
         gathers_.set_prefetched(k, true);
-        gather_bucket_params(k, true);
+        gather_bucket_params(k, true, "prefetch");
       }
     }
   }
@@ -670,7 +680,7 @@ class optimizer {
     }
     reduced_ = true;
     for (std::size_t k = 0; k < plan_.buckets().size(); ++k)
-      if (!hooks_.started(k)) start_reduce(k);
+      if (!hooks_.started(k)) start_reduce(k, "step");
   }
 
   /// Computes the global L2 norm of the (unscaled, reduced) gradients, as
@@ -1105,10 +1115,39 @@ class optimizer {
   /// Where piece `pc`'s params start in params_.
   std::size_t param_at(const detail::shard_piece& pc) const noexcept { return shards_params() ? pc.local : pc.buffer; }
 
+  enum class bucket_collective { reduce, gather };
+  /// options.check_hook_order: the ranks compare the collective each is about to start on
+  /// a bucket (`who` is the call that starts it), and throw on every rank when they differ.
+  void agree_on_bucket(std::size_t k, bucket_collective what, const char* who) {
+    const std::size_t d = static_cast<std::size_t>(comm_.size());
+    if (!options_.check_hook_order || d == 1) return;
+    const std::array<double, 2> mine{static_cast<double>(what), static_cast<double>(k)};
+    std::vector<double> all(2 * d);
+    comm_.all_gather(std::span<const double>(mine), std::span<double>(all));
+    bool same = true;
+    for (std::size_t r = 1; r < d; ++r) same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    if (same) return;
+    std::string msg = std::string("distopt::optimizer::") + who +
+                      ": the ranks called the hooks in different orders; at this collective";
+    for (std::size_t r = 0; r < d; ++r) {
+      const auto kind = static_cast<bucket_collective>(static_cast<int>(all[2 * r]));
+      const detail::shard_bucket& b = plan_.buckets()[static_cast<std::size_t>(all[2 * r + 1])];
+      msg += (r ? ", rank " : " rank ") + std::to_string(r) +
+             (kind == bucket_collective::reduce ? " reduces the grads of " : " gathers the params of ") + "'" +
+             layout_.tensors()[b.first_tensor].name + "'";
+      if (b.end_tensor - b.first_tensor > 1)
+        msg += " .. '" + layout_.tensors()[b.end_tensor - 1].name + "' (" +
+               std::to_string(b.end_tensor - b.first_tensor) + " tensors)";
+    }
+    throw std::logic_error(msg + " (every rank must call grads_ready, gather and prefetch for the same tensors in "
+                                 "the same order)");
+  }
+
   /// ZeRO-3: all-gathers bucket `k`'s params from every rank's shard into its pooled
   /// buffer; asynchronously (a prefetch, waited for by finish_prefetch) when `async` and
   /// the communicator can. With one rank, a copy.
-  void gather_bucket_params(std::size_t k, bool async) {
+  void gather_bucket_params(std::size_t k, bool async, const char* who) {
+    agree_on_bucket(k, bucket_collective::gather, who);
     const detail::shard_bucket& b = plan_.buckets()[k];
     bool dirty = false;  // every element is overwritten
     param_type* full = param_pool_.acquire(exec_, k, dirty);
@@ -1177,7 +1216,8 @@ class optimizer {
   /// the bucket's place in grads_, or its pooled buffer (ZeRO-2), and the reduced shard
   /// written in place, into grads32_ (through the fp32 staging bucket, blocking), or into
   /// the local grads_ (ZeRO-2). The pooled buffer goes back once the reduction is done.
-  void start_reduce(std::size_t k) {
+  void start_reduce(std::size_t k, const char* who) {
+    agree_on_bucket(k, bucket_collective::reduce, who);
     if (comm_.size() == 1) return;
     const reduce_op op = options_.grad_reduce;
     const detail::shard_bucket& b = plan_.buckets()[k];

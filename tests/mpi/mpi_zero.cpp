@@ -76,7 +76,33 @@ BOOST_AUTO_TEST_CASE(stage_2_fp32_with_clipping_and_a_nan_step) {
 BOOST_AUTO_TEST_CASE(stage_3_bf16_master_weights) {
   hook_run hr;
   hr.hooks = true;
+  hr.options.check_hook_order = true;  // the ranks' gathers and reductions agree: the check passes
   check<sharded<float, 3>, precision<bf16>>(adamw_decayed(), hr, dtype::bf16);
+}
+
+// With check_hook_order, a rank that completes its buckets in another order is stopped
+// before the mismatched reduce-scatter: every process throws, naming each rank's tensor.
+BOOST_AUTO_TEST_CASE(hooks_in_different_orders_are_named) {
+  layout l;
+  l.add("w0", {300}, dtype::f32);
+  l.add("w1", {700}, dtype::f32);
+  l.add("w2", {500}, dtype::f32);
+  optimizer_options o;
+  o.bucket_elems = 256;  // a bucket per tensor
+  o.check_hook_order = true;
+  mpi comm(MPI_COMM_WORLD);
+  const int rank = comm.rank();
+  optimizer<adamw, sharded<float, 2>, mpi, cpu, precision<float>> opt(l, adamw_decayed(), o, cpu(1), std::move(comm));
+  opt.grads_ready("w2");
+  std::string what;
+  try {
+    opt.grads_ready(rank == 1 ? "w0" : "w1");
+  } catch (const std::logic_error& e) {
+    what = e.what();
+  }
+  BOOST_TEST_CONTEXT("rank " << rank << ": " << what) {
+    BOOST_TEST(what.find("rank 0 reduces the grads of 'w1', rank 1 reduces the grads of 'w0'") != std::string::npos);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

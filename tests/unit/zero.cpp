@@ -86,6 +86,7 @@ BOOST_AUTO_TEST_SUITE(zero_stages)
 BOOST_AUTO_TEST_CASE(adamw_fp32_with_clipping_and_a_nan_step) {
   hook_run hr;
   hr.options.max_grad_norm = 1.0;
+  hr.options.check_hook_order = true;  // the same orders on every rank pass the check
   hr.nan_step = 4;
   check_stages<adamw, float, precision<float>>({adamw_decayed()}, hr, dtype::f32);
 }
@@ -227,9 +228,10 @@ struct rank_checks {
 
 /// Runs f(opt, checks) on two ranks as threads, on layout `l` (three buckets, w0 | w1 | w2, by default).
 template <class Storage, class F>
-void on_two_ranks(F f, const layout& l = two_buckets()) {
+void on_two_ranks(F f, const layout& l = two_buckets(), bool check_hook_order = false) {
   optimizer_options o;
   o.bucket_elems = 512;
+  o.check_hook_order = check_hook_order;
   std::array<rank_checks, 2> checks;
   run_ranks(2, [&](threads& comm) {
     const int rank = comm.rank();
@@ -292,6 +294,52 @@ BOOST_AUTO_TEST_CASE(hooks_reduce_before_the_step) {
       BOOST_TEST(before_step == (hooks ? reduce_scatters : 0u));
     }
   }
+}
+
+// options.check_hook_order: ranks that start their buckets' collectives in different
+// orders are stopped before the first mismatched one, on every rank, each rank's tensors
+// named. (The stage tests above run adamw_fp32_with_clipping_and_a_nan_step with the check
+// on: the same orders pass it.)
+BOOST_AUTO_TEST_CASE(hooks_called_in_different_orders_are_named) {
+  const auto both = [](const std::string& r0, const std::string& r1) { return "rank 0 " + r0 + ", rank 1 " + r1; };
+  on_two_ranks<sharded<float, 2>>(
+      [&](auto& opt, rank_checks& c) {
+        const bool r0 = opt.communicator().rank() == 0;
+        opt.grads_ready("w2");  // the same on both ranks
+        c.throws_naming<std::logic_error>([&] { opt.grads_ready(r0 ? "w1" : "w0"); },
+                                          both("reduces the grads of 'w1'", "reduces the grads of 'w0'"));
+      },
+      two_buckets(), true);
+  on_two_ranks<sharded<float, 3>>(
+      [&](auto& opt, rank_checks& c) {
+        const bool r0 = opt.communicator().rank() == 0;
+        opt.gather("w0");
+        opt.release("w0");
+        c.throws_naming<std::logic_error>([&] { opt.prefetch(r0 ? "w1" : "w2"); },
+                                          both("gathers the params of 'w1'", "gathers the params of 'w2'"));
+      },
+      two_buckets(), true);
+  on_two_ranks<sharded<float, 3>>(  // one rank's backward reduces where the other's forward gathers
+      [&](auto& opt, rank_checks& c) {
+        const bool r0 = opt.communicator().rank() == 0;
+        c.throws_naming<std::logic_error>([&] { r0 ? opt.grads_ready("w1") : opt.gather("w1"); },
+                                          both("reduces the grads of 'w1'", "gathers the params of 'w1'"));
+      },
+      two_buckets(), true);
+  on_two_ranks<sharded<float, 2>>(  // buckets of several tensors are named by their first and last
+      [&](auto& opt, rank_checks& c) {
+        const bool r0 = opt.communicator().rank() == 0;
+        c.throws_naming<std::logic_error>([&] { opt.grads_ready(r0 ? tensor_names{"w2"} : tensor_names{"w0", "w1"}); },
+                                          both("reduces the grads of 'w2'", "reduces the grads of 'w0' .. 'w1' (2 tensors)"));
+      },
+      [] {
+        layout l;
+        l.add("w0", {100}, dtype::f32);
+        l.add("w1", {200}, dtype::f32);
+        l.add("w2", {600}, dtype::f32);
+        return l;
+      }(),
+      true);
 }
 
 BOOST_AUTO_TEST_CASE(stage_3_gathers_are_checked) {
@@ -357,7 +405,8 @@ BOOST_AUTO_TEST_CASE(after_reduce_grads_stage_2_refuses_grad_views) {
 
 // Stage 2 keeps only this rank's shard of the grads, and lends full-bucket buffers while
 // backward writes them: with the hooks after each bucket, one at a time when reductions
-// are blocking (fp32 reduction of bf16 grads); all at once without hooks.
+// are blocking (fp32 reduction of bf16 grads): w2's (768 elements, padded for 3 ranks),
+// then w1's (1536: a second buffer), then w0's (1536) in w1's; all at once without hooks.
 BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
   const layout l = three_bf16_buckets();
   optimizer_options o;
@@ -365,9 +414,12 @@ BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
   o.grad_reduce_in_fp32 = true;
   using z2 = optimizer<adamw, sharded<float, 2>, threads, cpu, precision<bf16>>;
   const auto plan = detail::shard_plan(l, 3, 0, 512, 1u << 14);
-  std::size_t largest = 0;
-  for (const auto& b : plan.buckets()) largest = std::max(largest, b.padded());
+  std::size_t all = 0;
+  for (const auto& b : plan.buckets()) all += b.padded();
   BOOST_TEST(plan.buckets().size() == 3u);
+  const std::size_t w0 = plan.buckets()[0].padded(), w1 = plan.buckets()[1].padded(), w2 = plan.buckets()[2].padded();
+  BOOST_TEST((w2 < w1 && w0 <= w1 && w1 <= 2 * w0));
+  const std::size_t w2_and_w1 = w2 + w1;
   for (const bool hooks : {false, true}) {
     distopt::memory_report m;
     run_ranks(3, [&](threads& comm) {
@@ -383,7 +435,7 @@ BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_grads_and_the_pool_peak) {
       if (rank == 0) m = opt.memory();
     });
     BOOST_TEST_CONTEXT("hooks " << hooks) {
-      BOOST_TEST(m.bytes("grad buckets (peak)") == (hooks ? 1 : 3) * largest * sizeof(bf16));
+      BOOST_TEST(m.bytes("grad buckets (peak)") == (hooks ? w2_and_w1 : all) * sizeof(bf16));
       BOOST_TEST(m.bytes("grads") == 0u);  // reduced into fp32: "grads fp32" holds them
       BOOST_TEST(m.bytes("grads fp32") == plan.local_numel() * sizeof(float));
       BOOST_TEST(m.bytes("params") == 2900u * sizeof(bf16));
@@ -422,16 +474,19 @@ BOOST_AUTO_TEST_CASE(persistent_bytes_follow_the_stage_model) {
 }
 
 // Stage 3 keeps only this rank's shard of the params, and lends full-bucket buffers from
-// gather to release: one at a time when each layer is released before the next is
-// gathered, two with the next one prefetched.
+// gather to release (padded for 3 ranks, w0 and w1 have 1536 elements, w2 768). One at a
+// time, without prefetching, every bucket fits in w0's buffer; with the next layer
+// prefetched, w1's is lent while w0's is, then w2 takes w0's returned buffer (it holds
+// w2, at most twice its size), and backward's fit in those two.
 BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_params_and_the_pool_peak) {
   const layout l = three_bf16_buckets();
   optimizer_options o;
   o.bucket_elems = 512;
   using z3 = optimizer<adamw, sharded<float, 3>, threads, cpu, precision<bf16>>;
   const auto plan = detail::shard_plan(l, 3, 0, 512, 1u << 14);
-  std::size_t largest = 0;
-  for (const auto& b : plan.buckets()) largest = std::max(largest, b.padded());
+  BOOST_TEST(plan.buckets().size() == 3u);
+  const std::size_t w0 = plan.buckets()[0].padded(), w1 = plan.buckets()[1].padded(), w2 = plan.buckets()[2].padded();
+  BOOST_TEST((w1 == w0 && w2 <= w0 && w0 <= 2 * w2));
   for (const bool prefetch : {false, true}) {
     distopt::memory_report m;
     run_ranks(3, [&](threads& comm) {
@@ -455,11 +510,65 @@ BOOST_AUTO_TEST_CASE(memory_report_shows_sharded_params_and_the_pool_peak) {
       if (rank == 0) m = opt.memory();
     });
     BOOST_TEST_CONTEXT("prefetch " << prefetch) {
-      BOOST_TEST(m.bytes("param buckets (peak)") == (prefetch ? 2 : 1) * largest * sizeof(bf16));
+      BOOST_TEST(m.bytes("param buckets (peak)") == (prefetch ? w0 + w1 : w0) * sizeof(bf16));
       BOOST_TEST(m.bytes("params") == plan.local_numel() * sizeof(bf16));
       BOOST_TEST(m.bytes("grads") == plan.local_numel() * sizeof(bf16));
       BOOST_TEST(m.bytes("master") == plan.local_numel() * sizeof(float));
     }
+  }
+}
+
+// The pool on its own: a bucket gets the smallest free buffer that holds it and is at most
+// twice its size, or a new one of its own size; buckets of one size share buffers; and a
+// step that repeats the order of lending makes none.
+BOOST_AUTO_TEST_CASE(bucket_pool_lends_buffers_sized_per_bucket) {
+  using pool = detail::bucket_pool<float, cpu>;
+  cpu exec(1);
+  // One step: the groups of buckets held at once, each group returned before the next.
+  const auto step = [&](pool& p, const std::vector<std::size_t>& sizes, std::vector<std::vector<std::size_t>> groups) {
+    for (const auto& g : groups) {
+      for (std::size_t k : g) {
+        bool dirty = true;
+        float* b = p.acquire(exec, k, dirty);
+        BOOST_TEST(b == p.of(k));
+        if (!dirty)  // a new buffer is zero-filled
+          BOOST_TEST(std::all_of(b, b + sizes[k], [](float x) { return x == 0.0f; }));
+        std::fill(b, b + sizes[k], 1.0f);
+      }
+      for (std::size_t k : g) p.release(k);
+      for (std::size_t k : g) BOOST_TEST(p.of(k) == nullptr);
+    }
+  };
+  const auto run = [&](const std::vector<std::size_t>& sizes, std::vector<std::vector<std::size_t>> groups,
+                       std::size_t buffers, std::size_t elems) {
+    pool p(sizes);
+    for (int s = 0; s < 3; ++s) {
+      step(p, sizes, groups);
+      BOOST_TEST(p.buffers() == buffers);
+      BOOST_TEST(p.bytes() == elems * sizeof(float));
+    }
+  };
+  // A transformer's layers, two at a time: two buffers.
+  run({500, 500, 500, 500}, {{0, 1}, {2, 3}}, 2, 1000);
+  // 500 fits in 1000 (twice its size), 499 does not.
+  run({1000, 500, 499}, {{0}, {1}, {2}}, 2, 1499);
+  // Unequal sizes one at a time: 1000 fits in 1200; 300 in neither 700 nor 1200.
+  run({700, 1200, 300, 1000}, {{0}, {1}, {2}, {3}}, 3, 2200);
+  // A large bucket after small ones: nothing it fits in is free, so it gets its own.
+  run({700, 1200, 300, 1000}, {{0, 2}, {1, 3}}, 4, 3200);
+  {  // a held bucket gets its own buffer back; a returned one is dirty
+    pool p({1200, 700, 1000});
+    bool dirty = true;
+    float* a = p.acquire(exec, 0, dirty);
+    BOOST_TEST(!dirty);
+    BOOST_TEST(p.acquire(exec, 0, dirty) == a);
+    BOOST_TEST(!dirty);
+    p.release(0);
+    BOOST_TEST(p.acquire(exec, 2, dirty) == a);
+    BOOST_TEST(dirty);
+    float* b = p.acquire(exec, 1, dirty);  // 1200 is lent: a new one
+    BOOST_TEST(!dirty);
+    BOOST_TEST(b != a);
   }
 }
 
