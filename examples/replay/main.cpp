@@ -96,6 +96,7 @@ constexpr const char* usage_text =
     "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
     "                      [--comm threads|mpi] [--placement sharded|owned]\n"
     "                      [--save-at K DIR] [--resume DIR] [--backend cpu|kokkos]\n"
+    "                      [--zero 1|2|3]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
@@ -111,6 +112,10 @@ constexpr const char* usage_text =
     "--tp T adds T tensor-parallel ranks per data-parallel rank: each matrix is split over\n"
     "them by rows (dim 0) or, when its rows do not divide, by columns; the output is the\n"
     "reassembled tensors. With --comm mpi the world is the DP x TP grid (mpirun -np N*T).\n"
+    "--zero S runs the ranks at ZeRO stage S (1: states sharded; 2: grads too; 3: params\n"
+    "too) with the overlap hooks: params written through gather/release, each tensor's grads\n"
+    "declared ready as soon as written, last tensor first. The output equals one rank's.\n"
+    "Stages 2 and 3 take fp32 params, grads and states, and not galore_adamw or muon.\n"
     "--placement owned (galore_adamw, muon; on --ranks or --comm mpi) puts each matrix they\n"
     "update whole on one data-parallel rank (distopt::owned): its grads are reduced to that\n"
     "rank, which alone projects or orthogonalises it, and broadcasts the new params.\n"
@@ -203,6 +208,9 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       } else {
         cfg.resume_dir = value();
       }
+    } else if (a == "--zero") {
+      cfg.zero = parse_int(a, value());
+      if (cfg.zero < 1 || cfg.zero > 3) throw replay::usage_error("--zero: the ZeRO stage is 1, 2 or 3");
     } else if (a == "--backend") {
       cfg.backend = value();
       if (cfg.backend != "cpu" && cfg.backend != "kokkos")
@@ -227,8 +235,22 @@ replay::config parse_args(int argc, char** argv, paths& io) {
                                 cfg.optimizer + " runs sharded)");
     if (cfg.backend == "kokkos") throw replay::usage_error("--placement owned: runs on --ranks or --comm mpi, not --backend kokkos");
   }
-  if ((cfg.tp > 1 || cfg.placement == "owned") && cfg.ranks == 0 && cfg.comm != "mpi")
-    cfg.ranks = 1;  // a TP grid, and owned placement, run as threads
+  if (cfg.zero > 0) {
+    if (cfg.backend == "kokkos")
+      throw replay::usage_error("--zero: the ZeRO stages run on --ranks or --comm mpi, not --backend kokkos");
+    if (cfg.placement == "owned")
+      throw replay::usage_error("--zero: --placement owned puts whole matrices on their owners; the ZeRO stages shard "
+                                "(use one or the other)");
+    if (cfg.zero >= 2 && (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon"))
+      throw replay::usage_error("--zero " + std::to_string(cfg.zero) + ": " + cfg.optimizer +
+                                " reads whole matrices of the full grads; use --zero 1 or --placement owned");
+    if (cfg.zero >= 2 && (cfg.param_dtype != "fp32" || cfg.grad_dtype != "fp32" || cfg.state != "fp32"))
+      throw replay::usage_error("--zero " + std::to_string(cfg.zero) +
+                                ": distopt-replay builds stages 2 and 3 for fp32 params, grads and states "
+                                "(--zero 1 takes every combination; the unit suite tests the others)");
+  }
+  if ((cfg.tp > 1 || cfg.placement == "owned" || cfg.zero > 0) && cfg.ranks == 0 && cfg.comm != "mpi")
+    cfg.ranks = 1;  // a TP grid, owned placement and the ZeRO stages run as threads
   return cfg;
 }
 

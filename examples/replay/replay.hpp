@@ -36,6 +36,7 @@ struct config {
   int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
   int tp = 1;                // --tp T: T tensor-parallel ranks per data-parallel rank (threads)
   std::string placement = "sharded";  // --placement sharded|owned (owned: galore_adamw, muon)
+  int zero = 0;              // --zero S: ZeRO stage S (1..3) with the overlap hooks; 0: stage 1, no hooks
   std::string comm = "threads";
   std::string backend = "cpu";       // --backend cpu|kokkos
   std::size_t min_8bit_size = 4096;  // --min-8bit-size N (--state q8)

@@ -147,13 +147,20 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
       std::move(plan.lay), groups, options_of(cfg), distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
+  // --zero: the overlap hooks, as a training loop calls them. The params are written into
+  // gathered views and kept (ZeRO-3 then holds only this rank's shard), and each tensor's
+  // grads are declared ready as soon as they are written, the last tensor first (backward's
+  // order), so that its bucket's reduction starts while the next ones are written.
+  const bool hooks = cfg.zero > 0;
   // Element i of this rank's part of tensor k is element plan.at[k][i] of the trace's tensor.
+  if (hooks) opt.gather(tr.names);
   for (std::size_t k = 0; k < tr.names.size(); ++k) {
     auto p = opt.param(tr.names[k]);
     const auto& at = plan.at[k];
     const auto& src = *plan.params[k];
     for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at[i]]);
   }
+  if (hooks) opt.release(tr.names, distopt::keep_writes);
   std::size_t first_step = 0;
 #ifdef DISTOPT_REPLAY_CHECKPOINT
   if (!cfg.resume_dir.empty()) {
@@ -170,11 +177,13 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
                       std::to_string(tr.grads.size()) + " steps");
   std::size_t steps_run = 0;
   for (std::size_t s = first_step; s < tr.grads.size(); ++s, ++steps_run) {
-    for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    for (std::size_t j = 0; j < tr.names.size(); ++j) {
+      const std::size_t k = hooks ? tr.names.size() - 1 - j : j;
       auto g = opt.grad(tr.names[k]);
       const auto& at = plan.at[k];
       const auto& src = tr.grads[s].at(tr.names[k]);
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at[i]] : 0.0f);
+      if (hooks) opt.grads_ready(tr.names[k]);
     }
     opt.step();
     opt.zero_grad();
@@ -188,8 +197,18 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   if (!cfg.resume_dir.empty() && rank == 0 && tp.index == 0)
     std::cout << "distopt-replay: resumed at step " << first_step << ", ran " << steps_run << " steps\n";
 #endif
+  if (hooks && rank == 0 && tp.index == 0) {  // what the stage keeps on a rank, before the final gather
+    const distopt::memory_report m = opt.memory();
+    const auto per_param = [&](std::size_t bytes) {
+      return std::to_string(static_cast<double>(bytes) / static_cast<double>(opt.tensors().numel())).substr(0, 4);
+    };
+    std::cout << "distopt-replay: ZeRO-" << decltype(opt)::zero_stage << " with the overlap hooks; rank 0 of "
+              << opt.communicator().size() << " holds params " << per_param(m.bytes("params")) << ", grads "
+              << per_param(m.bytes("grads")) << ", in all " << per_param(m.total_bytes()) << " B/param\n";
+  }
   // The full tensors, with this rank's parts filled in (all of them without --tp).
   result out;
+  if (hooks) opt.gather(tr.names);
   for (std::size_t k = 0; k < tr.names.size(); ++k) {
     auto p = opt.param(tr.names[k]);
     const auto& at = plan.at[k];
@@ -197,6 +216,7 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     dst.assign(plan.params[k]->size(), 0.0f);
     for (std::size_t i = 0; i < p.size(); ++i) dst[at[i]] = distopt::to_float(p[i]);
   }
+  if (hooks) opt.release(tr.names);
   return out;
 }
 
@@ -227,12 +247,23 @@ struct kokkos_mode {};
 
 /// One data-parallel rank of several: sharded state, or with --placement owned (GaLore and
 /// Muon only) each whole matrix on one rank (distopt::owned).
+/// --zero 2 and 3 (sharded<State, 2|3>) are built for fp32 params, grads and states, and
+/// not for GaLore and Muon (they read whole matrices of the full grads): main.cpp refuses
+/// the rest. Stage 1 takes every combination.
 template <class Policy, class State, class Param, class Grad, class... Args>
 result run_dp_rank(const trace& tr, const config& cfg, Args&&... args) {
-  if constexpr (distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>) {
+  constexpr bool matrices = distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
+  if constexpr (matrices) {
     if (cfg.placement == "owned")
       return run_rank<Policy, distopt::owned<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
   }
+  if constexpr (!matrices && std::is_same_v<State, float> && std::is_same_v<Param, float> && std::is_same_v<Grad, float>) {
+    if (cfg.zero == 2)
+      return run_rank<Policy, distopt::sharded<State, 2>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+    if (cfg.zero == 3)
+      return run_rank<Policy, distopt::sharded<State, 3>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+  }
+  if (cfg.zero >= 2) throw usage_error("--zero " + std::to_string(cfg.zero) + ": not built for these types");
   return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
 }
 
