@@ -98,12 +98,15 @@ struct optimizer_options {
   double max_grad_norm = 0.0;
   /// Before each collective on a bucket (a grads' reduction, started by grads_ready or by
   /// the step; a ZeRO-3 gather or prefetch), the ranks compare which collective on which
-  /// bucket they are starting, and a difference throws std::logic_error on every rank,
-  /// naming each rank's tensors. It costs one small blocking all-gather per bucket
-  /// collective, a meeting point that holds back the overlap: for debugging a training
-  /// loop's hook calls (as PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL checks collectives).
-  /// Off, hooks called in different orders show as a collective's size mismatch, a hang, or
-  /// wrong sums when the sizes agree.
+  /// bucket they are starting, and a difference throws the same std::logic_error on every
+  /// rank, naming each rank's tensors, before the hook changes anything. It costs one small
+  /// blocking all-gather per bucket collective, a meeting point that holds back the overlap:
+  /// for debugging a training loop's hook calls (as PyTorch's
+  /// TORCH_DISTRIBUTED_DEBUG=DETAIL checks collectives). It compares the sequences of
+  /// bucket collectives: hooks that start none (a gather of a bucket held already) are not
+  /// compared, and ranks that start different numbers of them before another collective
+  /// still mismatch that one. Off, hooks called in different orders show as a collective's
+  /// size mismatch, a hang, or wrong sums when the sizes agree.
   bool check_hook_order = false;
   // New options go last: code that initialises this struct positionally keeps compiling.
 };
@@ -426,8 +429,8 @@ class optimizer {
                                "'): this step's grads were already reduced (reduce_grads, clip_grad_norm)");
       if (hooks_.mark(i, layout_.tensors()[i].name)) {
         const std::size_t k = hooks_.bucket_of(i);
+        start_reduce(k, "grads_ready");  // first: a failed check_hook_order leaves the bucket to the step
         hooks_.start(k);
-        start_reduce(k, "grads_ready");
       }
     }
     reap_reductions();
@@ -442,10 +445,13 @@ class optimizer {
   void gather(const tensor_names& names) {
     for (std::string_view name : names) {
       const std::size_t i = index_of(name), k = hooks_.bucket_of(i);
-      if (gathers_.gather(i, k, layout_.tensors()[i].name) && zero_stage >= 3) {
+      // The collective first, the bookkeeping after: a failed check_hook_order marks nothing
+      // (a tensor gathered already has its bucket held: no collective, and gather() throws).
+      if (zero_stage >= 3 && !gathers_.holds(k)) {
         if (gathers_.prefetched(k)) finish_prefetch(k);
         else gather_bucket_params(k, false, "gather");
       }
+      gathers_.gather(i, k, layout_.tensors()[i].name);
     }
   }
   /// Starts the gathers of `names` early (ZeRO-3, asynchronously where the communicator
@@ -456,8 +462,8 @@ class optimizer {
       for (std::string_view name : names) {
         const std::size_t k = hooks_.bucket_of(index_of(name));
         if (gathers_.holds(k) || gathers_.prefetched(k)) continue;
-        gathers_.set_prefetched(k, true);
         gather_bucket_params(k, true, "prefetch");
+        gathers_.set_prefetched(k, true);
       }
     }
   }
@@ -680,7 +686,7 @@ class optimizer {
     }
     reduced_ = true;
     for (std::size_t k = 0; k < plan_.buckets().size(); ++k)
-      if (!hooks_.started(k)) start_reduce(k, "step");
+      if (!hooks_.started(k)) start_reduce(k, "reduce_grads");
   }
 
   /// Computes the global L2 norm of the (unscaled, reduced) gradients, as
@@ -1117,22 +1123,28 @@ class optimizer {
 
   enum class bucket_collective { reduce, gather };
   /// options.check_hook_order: the ranks compare the collective each is about to start on
-  /// a bucket (`who` is the call that starts it), and throw on every rank when they differ.
+  /// a bucket, and the call that starts it (`who`: grads_ready, reduce_grads (from step or
+  /// clip_grad_norm too), gather or prefetch), and throw the same message on every rank
+  /// when the collectives differ. Called before any bookkeeping of the hook, so that a
+  /// caught error leaves the optimizer as it was.
   void agree_on_bucket(std::size_t k, bucket_collective what, const char* who) {
     const std::size_t d = static_cast<std::size_t>(comm_.size());
     if (!options_.check_hook_order || d == 1) return;
-    const std::array<double, 2> mine{static_cast<double>(what), static_cast<double>(k)};
-    std::vector<double> all(2 * d);
+    static constexpr std::array<std::string_view, 4> callers{"grads_ready", "reduce_grads", "gather", "prefetch"};
+    const auto caller = std::ranges::find(callers, std::string_view(who)) - callers.begin();
+    const std::array<double, 3> mine{static_cast<double>(what), static_cast<double>(k), static_cast<double>(caller)};
+    std::vector<double> all(3 * d);
     comm_.all_gather(std::span<const double>(mine), std::span<double>(all));
     bool same = true;
-    for (std::size_t r = 1; r < d; ++r) same = same && all[2 * r] == all[0] && all[2 * r + 1] == all[1];
+    for (std::size_t r = 1; r < d; ++r) same = same && all[3 * r] == all[0] && all[3 * r + 1] == all[1];
     if (same) return;
-    std::string msg = std::string("distopt::optimizer::") + who +
-                      ": the ranks called the hooks in different orders; at this collective";
+    std::string msg = "distopt::optimizer: the ranks called the hooks in different orders; at this collective";
     for (std::size_t r = 0; r < d; ++r) {
-      const auto kind = static_cast<bucket_collective>(static_cast<int>(all[2 * r]));
-      const detail::shard_bucket& b = plan_.buckets()[static_cast<std::size_t>(all[2 * r + 1])];
-      msg += (r ? ", rank " : " rank ") + std::to_string(r) +
+      const auto kind = static_cast<bucket_collective>(static_cast<int>(all[3 * r]));
+      const detail::shard_bucket& b = plan_.buckets()[static_cast<std::size_t>(all[3 * r + 1])];
+      const auto c = static_cast<std::size_t>(all[3 * r + 2]);
+      msg += (r ? ", rank " : " rank ") + std::to_string(r) + " (" +
+             std::string(c < callers.size() ? callers[c] : std::string_view("?")) + ")" +
              (kind == bucket_collective::reduce ? " reduces the grads of " : " gathers the params of ") + "'" +
              layout_.tensors()[b.first_tensor].name + "'";
       if (b.end_tensor - b.first_tensor > 1)

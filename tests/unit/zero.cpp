@@ -297,9 +297,10 @@ BOOST_AUTO_TEST_CASE(hooks_reduce_before_the_step) {
 }
 
 // options.check_hook_order: ranks that start their buckets' collectives in different
-// orders are stopped before the first mismatched one, on every rank, each rank's tensors
-// named. (The stage tests above run adamw_fp32_with_clipping_and_a_nan_step with the check
-// on: the same orders pass it.)
+// orders are stopped before the first mismatched one, on every rank with the same message,
+// each rank's tensors and call named; the failed hook changed nothing, so a caught error
+// leaves an optimizer that trains on. (The stage tests above run
+// adamw_fp32_with_clipping_and_a_nan_step with the check on: the same orders pass it.)
 BOOST_AUTO_TEST_CASE(hooks_called_in_different_orders_are_named) {
   const auto both = [](const std::string& r0, const std::string& r1) { return "rank 0 " + r0 + ", rank 1 " + r1; };
   on_two_ranks<sharded<float, 2>>(
@@ -307,30 +308,60 @@ BOOST_AUTO_TEST_CASE(hooks_called_in_different_orders_are_named) {
         const bool r0 = opt.communicator().rank() == 0;
         opt.grads_ready("w2");  // the same on both ranks
         c.throws_naming<std::logic_error>([&] { opt.grads_ready(r0 ? "w1" : "w0"); },
-                                          both("reduces the grads of 'w1'", "reduces the grads of 'w0'"));
+                                          both("(grads_ready) reduces the grads of 'w1'",
+                                               "(grads_ready) reduces the grads of 'w0'"));
+        // Caught: the step starts afresh and trains as an optimizer that never saw the error.
+        opt.zero_grad();
+        for (const char* n : {"w2", "w1", "w0"}) {
+          for (auto& g : opt.grad(n)) g = 0.5f;
+          opt.grads_ready(n);
+        }
+        opt.step();
+        optimizer<adamw, replicated<float>, single, cpu, precision<float>> ref(two_buckets(), adamw_decayed());
+        for (const char* n : {"w0", "w1", "w2"})
+          for (auto& g : ref.grad(n)) g = 0.5f;  // the ranks' average
+        ref.step();
+        for (const char* n : {"w0", "w1", "w2"}) {
+          const auto got = opt.param(n), want = ref.param(n);
+          c.expect(std::equal(got.begin(), got.end(), want.begin(), want.end()),
+                   std::string("after the caught error, ") + n + " differs from one rank's step");
+        }
       },
       two_buckets(), true);
   on_two_ranks<sharded<float, 3>>(
       [&](auto& opt, rank_checks& c) {
         const bool r0 = opt.communicator().rank() == 0;
-        opt.gather("w0");
-        opt.release("w0");
+        opt.gather({"w0", "w1", "w2"});
+        for (const char* n : {"w0", "w1", "w2"}) {
+          auto p = opt.param(n);
+          for (std::size_t j = 0; j < p.size(); ++j) p[j] = static_cast<float>(j % 7) + (n[1] - '0');
+        }
+        opt.release({"w0", "w1", "w2"}, keep_writes);
         c.throws_naming<std::logic_error>([&] { opt.prefetch(r0 ? "w1" : "w2"); },
-                                          both("gathers the params of 'w1'", "gathers the params of 'w2'"));
+                                          both("(prefetch) gathers the params of 'w1'", "(prefetch) gathers the params of 'w2'"));
+        // Caught: no prefetch is recorded, and a gather brings the params.
+        opt.gather("w1");
+        const auto p = opt.param("w1");
+        bool same = true;
+        for (std::size_t j = 0; j < p.size(); ++j) same = same && p[j] == static_cast<float>(j % 7) + 1.0f;
+        c.expect(same, "after the caught error, the gathered w1 is not its params");
+        opt.release("w1");
       },
       two_buckets(), true);
   on_two_ranks<sharded<float, 3>>(  // one rank's backward reduces where the other's forward gathers
       [&](auto& opt, rank_checks& c) {
         const bool r0 = opt.communicator().rank() == 0;
         c.throws_naming<std::logic_error>([&] { r0 ? opt.grads_ready("w1") : opt.gather("w1"); },
-                                          both("reduces the grads of 'w1'", "gathers the params of 'w1'"));
+                                          both("(grads_ready) reduces the grads of 'w1'", "(gather) gathers the params of 'w1'"));
+        c.throws_naming<std::logic_error>([&] { opt.param("w1"); }, "'w1'");  // the failed gather marked nothing
       },
       two_buckets(), true);
   on_two_ranks<sharded<float, 2>>(  // buckets of several tensors are named by their first and last
       [&](auto& opt, rank_checks& c) {
         const bool r0 = opt.communicator().rank() == 0;
         c.throws_naming<std::logic_error>([&] { opt.grads_ready(r0 ? tensor_names{"w2"} : tensor_names{"w0", "w1"}); },
-                                          both("reduces the grads of 'w2'", "reduces the grads of 'w0' .. 'w1' (2 tensors)"));
+                                          both("(grads_ready) reduces the grads of 'w2'",
+                                               "(grads_ready) reduces the grads of 'w0' .. 'w1' (2 tensors)"));
       },
       [] {
         layout l;

@@ -175,8 +175,9 @@ class param_gathers {
 /// when none is free, a buffer of the bucket's own size is made. Buffers are kept: the
 /// pool's size is its peak, and it grows only when a bucket finds no such buffer free.
 /// Buckets of one size (a transformer's layers) share as many buffers as are lent at once,
-/// and a small bucket never holds a large one's buffer (which would make the large one
-/// need another: best fit alone did that, 1.5x the full params in the Fashion-MNIST MLP).
+/// and a bucket never holds a buffer more than twice its size (a large bucket's, which
+/// would make the large one need another: best fit alone did that, 1.5x the full params
+/// in the Fashion-MNIST MLP).
 template <class T, class Exec>
 class bucket_pool {
  public:
