@@ -4,6 +4,7 @@
 // resulting parameters, to check distopt against a PyTorch run.
 
 #include <distopt/io/safetensors.hpp>
+#include <distopt/types/dtype.hpp>
 
 #include <array>
 #include <charconv>
@@ -115,6 +116,7 @@ constexpr const char* usage_text =
     "--zero S runs the ranks at ZeRO stage S (1: states sharded; 2: grads too; 3: params\n"
     "too) with the overlap hooks: params written through gather/release, each tensor's grads\n"
     "declared ready as soon as written, last tensor first. The output equals one rank's.\n"
+    "Without --ranks or --comm mpi it runs one rank (as threads, sharded storage).\n"
     "Stages 2 and 3 take fp32 params, grads and states, and not galore_adamw or muon.\n"
     "--placement owned (galore_adamw, muon; on --ranks or --comm mpi) puts each matrix they\n"
     "update whole on one data-parallel rank (distopt::owned): its grads are reduced to that\n"
@@ -244,7 +246,8 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     if (cfg.zero >= 2 && (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon"))
       throw replay::usage_error("--zero " + std::to_string(cfg.zero) + ": " + cfg.optimizer +
                                 " reads whole matrices of the full grads; use --zero 1 or --placement owned");
-    if (cfg.zero >= 2 && (cfg.param_dtype != "fp32" || cfg.grad_dtype != "fp32" || cfg.state != "fp32"))
+    const auto fp32 = [](const std::string& t) { return distopt::parse_dtype(t) == distopt::dtype::f32; };
+    if (cfg.zero >= 2 && (!fp32(cfg.param_dtype) || !fp32(cfg.grad_dtype) || cfg.state != "fp32"))
       throw replay::usage_error("--zero " + std::to_string(cfg.zero) +
                                 ": distopt-replay builds stages 2 and 3 for fp32 params, grads and states "
                                 "(--zero 1 takes every combination; the unit suite tests the others)");

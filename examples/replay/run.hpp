@@ -147,20 +147,32 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
       std::move(plan.lay), groups, options_of(cfg), distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
 
-  // --zero: the overlap hooks, as a training loop calls them. The params are written into
-  // gathered views and kept (ZeRO-3 then holds only this rank's shard), and each tensor's
-  // grads are declared ready as soon as they are written, the last tensor first (backward's
-  // order), so that its bucket's reduction starts while the next ones are written.
+  // --zero: the overlap hooks, as a training loop calls them. The params are written and
+  // read one tensor at a time, gathered (the next one prefetched) and released (kept when
+  // written: ZeRO-3 then holds only this rank's shard), and each tensor's grads are
+  // declared ready as soon as they are written, the last tensor first (backward's order),
+  // so that its bucket's reduction starts while the next ones are written.
   const bool hooks = cfg.zero > 0;
+  const auto each_gathered = [&](auto&& use, bool keep) {
+    for (std::size_t k = 0; k < tr.names.size(); ++k) {
+      if (hooks) {
+        opt.gather(tr.names[k]);
+        if (k + 1 < tr.names.size()) opt.prefetch(tr.names[k + 1]);
+      }
+      use(k);
+      if (hooks && keep) opt.release(tr.names[k], distopt::keep_writes);
+      else if (hooks) opt.release(tr.names[k]);
+    }
+  };
   // Element i of this rank's part of tensor k is element plan.at[k][i] of the trace's tensor.
-  if (hooks) opt.gather(tr.names);
-  for (std::size_t k = 0; k < tr.names.size(); ++k) {
-    auto p = opt.param(tr.names[k]);
-    const auto& at = plan.at[k];
-    const auto& src = *plan.params[k];
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at[i]]);
-  }
-  if (hooks) opt.release(tr.names, distopt::keep_writes);
+  each_gathered(
+      [&](std::size_t k) {
+        auto p = opt.param(tr.names[k]);
+        const auto& at = plan.at[k];
+        const auto& src = *plan.params[k];
+        for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at[i]]);
+      },
+      true);
   std::size_t first_step = 0;
 #ifdef DISTOPT_REPLAY_CHECKPOINT
   if (!cfg.resume_dir.empty()) {
@@ -208,15 +220,15 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   }
   // The full tensors, with this rank's parts filled in (all of them without --tp).
   result out;
-  if (hooks) opt.gather(tr.names);
-  for (std::size_t k = 0; k < tr.names.size(); ++k) {
-    auto p = opt.param(tr.names[k]);
-    const auto& at = plan.at[k];
-    auto& dst = out[tr.names[k]];
-    dst.assign(plan.params[k]->size(), 0.0f);
-    for (std::size_t i = 0; i < p.size(); ++i) dst[at[i]] = distopt::to_float(p[i]);
-  }
-  if (hooks) opt.release(tr.names);
+  each_gathered(
+      [&](std::size_t k) {
+        auto p = opt.param(tr.names[k]);
+        const auto& at = plan.at[k];
+        auto& dst = out[tr.names[k]];
+        dst.assign(plan.params[k]->size(), 0.0f);
+        for (std::size_t i = 0; i < p.size(); ++i) dst[at[i]] = distopt::to_float(p[i]);
+      },
+      false);
   return out;
 }
 
