@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <ios>
 #include <limits>
@@ -237,6 +238,76 @@ BOOST_AUTO_TEST_CASE(exact_sum_subnormals_extremes_and_non_finite) {
   BOOST_TEST(std::isinf(n.value()));
   n.add(std::numeric_limits<double>::quiet_NaN());
   BOOST_TEST(std::isnan(n.value()));
+}
+
+/// The device's way of adding (exec/cuda/phases.cuh): each term split by exact_sum::place
+/// and its parts added into raw limbs (shared-memory atomics there), then from_parts; and
+/// the items' normalised sums added part by part (norm_wire_kernel). Both must give add()'s
+/// exact sum, bit for bit, and place's parts must put the value back together.
+BOOST_AUTO_TEST_CASE(exact_sum_parts_add_as_the_device_does) {
+  using detail::exact_sum;
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<int> ex(-1074, 1023);
+  std::vector<double> v;
+  for (int i = 0; i < 5000; ++i) {
+    const double x = std::ldexp(static_cast<double>((rng() >> 11) | (std::uint64_t{1} << 52)), ex(rng) - 52);
+    v.push_back(std::isfinite(x) ? x : 1.0);  // an overflow of ldexp: any finite value
+  }
+  for (double x : {0.0, std::numeric_limits<double>::denorm_min(), std::numeric_limits<double>::min(),
+                   std::numeric_limits<double>::max(), 1.0, 3.0 * std::numeric_limits<double>::denorm_min()})
+    v.push_back(x);
+  for (double x : v) {
+    std::uint64_t lo = 0, mid = 0, hi = 0;
+    const int k = exact_sum::place(x, lo, mid, hi);
+    if (x == 0.0) {
+      BOOST_TEST(k == -1);
+      continue;
+    }
+    BOOST_TEST_REQUIRE((k >= 0 && k + 2 < exact_sum::limbs), x);
+    BOOST_TEST((lo < (std::uint64_t{1} << 32) && mid < (std::uint64_t{1} << 32) && hi < (std::uint64_t{1} << 32)));
+    const double back = std::ldexp(static_cast<double>(hi), 32 * k + 64 - 1074) +
+                        std::ldexp(static_cast<double>(mid), 32 * k + 32 - 1074) +
+                        std::ldexp(static_cast<double>(lo), 32 * k - 1074);
+    BOOST_TEST(back == x, x);
+  }
+  std::uint64_t a = 0, b = 0, c = 0;
+  BOOST_TEST(exact_sum::place(std::numeric_limits<double>::quiet_NaN(), a, b, c) == -2);
+  BOOST_TEST(exact_sum::place(std::numeric_limits<double>::infinity(), a, b, c) == -3);
+
+  // Three "items", each added into raw limbs from place's parts, against add().
+  v.push_back(std::numeric_limits<double>::quiet_NaN());
+  v.push_back(std::numeric_limits<double>::infinity());
+  v.push_back(std::numeric_limits<double>::infinity());
+  exact_sum reference;
+  std::vector<exact_sum> items;
+  for (std::size_t first = 0; first < v.size(); first += 2000) {
+    std::vector<std::uint64_t> raw(exact_sum::limbs + 2, 0);
+    for (std::size_t i = first; i < std::min(v.size(), first + 2000); ++i) {
+      reference.add(v[i]);
+      std::uint64_t lo = 0, mid = 0, hi = 0;
+      const int k = exact_sum::place(v[i], lo, mid, hi);
+      if (k >= 0) {
+        raw[k] += lo;
+        raw[k + 1] += mid;
+        raw[k + 2] += hi;
+      } else if (k == -2) {
+        ++raw[exact_sum::limbs];
+      } else if (k == -3) {
+        ++raw[exact_sum::limbs + 1];
+      }
+    }
+    items.push_back(exact_sum::from_parts(raw.data(), raw[exact_sum::limbs], raw[exact_sum::limbs + 1]));
+  }
+  std::vector<std::uint64_t> total(exact_sum::limbs + 2, 0);
+  for (const exact_sum& s : items)
+    for (int i = 0; i < exact_sum::limbs + 2; ++i) {
+      BOOST_TEST(s.part(i) < (std::uint64_t{1} << 32), "part " << i << " of a from_parts sum is normalised");
+      total[static_cast<std::size_t>(i)] += s.part(i);
+    }
+  const exact_sum summed = exact_sum::from_parts(total.data(), total[exact_sum::limbs], total[exact_sum::limbs + 1]);
+  BOOST_TEST(wire_of(summed) == wire_of(reference));
+  BOOST_TEST(summed.part(exact_sum::limbs) == 1u);      // one NaN
+  BOOST_TEST(summed.part(exact_sum::limbs + 1) == 2u);  // two Infs
 }
 
 /// sum_of_squares in its documented order.

@@ -45,10 +45,12 @@ class exact_sum {
   /// What travels between ranks: the limbs, then the NaN and Inf counts, all as doubles.
   static constexpr int wire_size = limbs + 2;
 
-  /// Adds a non-negative double exactly; NaN and +Inf are counted instead. Reads the
-  /// mantissa and exponent from the bits (frexp and ldexp cost as much as a block of 256
-  /// squares).
-  DISTOPT_HD void add(double v) noexcept {
+  /// Where a non-negative finite double lands in the limbs: v = lo * 2^(32k) + mid *
+  /// 2^(32(k+1)) + hi * 2^(32(k+2)), in units of 2^-1074, each part below 2^32. Returns k,
+  /// or -1 for zero, -2 for NaN and -3 for +Inf. Reads the mantissa and exponent from the
+  /// bits (frexp and ldexp cost as much as a block of 256 squares). The one decomposition
+  /// that add() and the device's shared-memory accumulators (exec/cuda/phases.cuh) use.
+  DISTOPT_HD static int place(double v, std::uint64_t& lo, std::uint64_t& mid, std::uint64_t& hi) noexcept {
 #if DISTOPT_DEVICE_CODE
     const auto u = static_cast<std::uint64_t>(__double_as_longlong(v));
 #else
@@ -57,25 +59,51 @@ class exact_sum {
 #endif
     const int e = static_cast<int>((u >> 52) & 0x7ffu);
     const std::uint64_t frac = u & ((std::uint64_t{1} << 52) - 1);
-    if (e == 0x7ff) {
-      if (frac) ++nans_;
-      else ++infs_;
-      return;
-    }
-    if (v == 0.0) return;
+    if (e == 0x7ff) return frac ? -2 : -3;
+    if (v == 0.0) return -1;
     // v = m * 2^(pos - 1074): a subnormal has m = frac at pos 0; a normal number has the
     // implicit bit and pos = e - 1.
     const std::uint64_t m = e ? frac | (std::uint64_t{1} << 52) : frac;
     const int pos = e ? e - 1 : 0;
-    const int k = pos / 32, s = pos % 32;
+    const int s = pos % 32;
     // m << s has at most 85 bits: spread it over three limbs of 32 bits.
-    const std::uint64_t lo = (m << s) & 0xffffffffu;
-    const std::uint64_t mid = (s == 0 ? m >> 32 : (m >> (32 - s))) & 0xffffffffu;
-    const std::uint64_t hi = s == 0 ? 0 : m >> (64 - s);
+    lo = (m << s) & 0xffffffffu;
+    mid = (s == 0 ? m >> 32 : (m >> (32 - s))) & 0xffffffffu;
+    hi = s == 0 ? 0 : m >> (64 - s);
+    return pos / 32;
+  }
+
+  /// Adds a non-negative double exactly; NaN and +Inf are counted instead.
+  DISTOPT_HD void add(double v) noexcept {
+    std::uint64_t lo = 0, mid = 0, hi = 0;
+    const int k = place(v, lo, mid, hi);
+    if (k < 0) {
+      if (k == -2) ++nans_;
+      else if (k == -3) ++infs_;
+      return;
+    }
     limb_[k] += lo;
     limb_[k + 1] += mid;
     limb_[k + 2] += hi;
     if (++pending_ == (1u << 30)) normalize();
+  }
+
+  /// An accumulator from raw parts: `limbs[0, limbs)` (any values whose carries fit in 64
+  /// bits), the NaN and the Inf count. Normalised.
+  template <class U>
+  DISTOPT_HD static exact_sum from_parts(const U* l, std::uint64_t nans, std::uint64_t infs) noexcept {
+    exact_sum r;
+    for (int i = 0; i < limbs; ++i) r.limb_[i] = static_cast<std::uint64_t>(l[i]);
+    r.nans_ = nans;
+    r.infs_ = infs;
+    r.normalize();
+    return r;
+  }
+  /// Part i of a normalised accumulator (from_parts or to_wire left it so): limb i (below
+  /// 2^32) for i < limbs, then the NaN and the Inf count. Summing part i over accumulators
+  /// and passing the sums to from_parts adds them exactly.
+  DISTOPT_HD std::uint64_t part(int i) const noexcept {
+    return i < limbs ? limb_[i] : i == limbs ? nans_ : infs_;
   }
 
   /// Adds another accumulator exactly.
