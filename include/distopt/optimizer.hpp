@@ -1517,7 +1517,10 @@ class optimizer {
     const auto& pieces = plan_.pieces();
     detail::squares_phase<G> sq = squares_of(base, grads_local<G>(), inv);
     sq.divide_by = divide_by;
-    sq.per = std::max<std::size_t>(1, pieces.size() / (8 * static_cast<std::size_t>(exec_.concurrency())));
+    // Host executors: 8 items a thread, to balance. Device executors: an item a work unit
+    // (cuda: a thread block of 16 half-warps), and fewer exact sums for norm_wire_phase to add.
+    const std::size_t items = (host_memory<Exec> ? 8 : 1) * static_cast<std::size_t>(exec_.concurrency());
+    sq.per = std::max<std::size_t>(1, pieces.size() / items);
     if ((model_parallel_ || tp_) && tp_rank_ != 0) {  // tensors every TP rank holds count on TP rank 0
       if (step_skip_host_.empty()) {  // made once (the groups' setters clear it)
         step_skip_host_.resize(pieces.size());
@@ -1646,22 +1649,44 @@ class optimizer {
     const typename Policy::scalars* sc_x = device ? step_scalars_.data() : in_exec(sc, step_scalars_);
     const int* slots_x = device ? step_slots_.data() : in_exec(active, step_slots_);
     const float* tensor_scale_x = clip_scale_.empty() ? nullptr : in_exec(clip_scale_, step_clip_scale_);
+    const auto update = [&](const detail::shard_bucket& b) {  // one pass per slot count in use
+      [&]<int... N>(std::integer_sequence<int, N...>) {
+        const auto run = [&]<int M>(std::integral_constant<int, M>) {
+          if (std::find(active.begin(), active.end(), M) == active.end()) return;
+          if constexpr (is_quantized)
+            q8_.template launch_update<Mode, M>(*this, sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, b);
+          else
+            launch_update<Mode, M>(sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, b);
+        };
+        (run(std::integral_constant<int, N>{}), ...);
+      }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
+    };
+    // A device runs a launch's items in waves of the thread blocks that fit at once, and a
+    // bucket (4 Mi elements, 256 pieces by default) fills two thirds of an H200's first
+    // wave for AdamW fp32 and nothing more: its step ran at 0.77 of the copy bandwidth a
+    // launch per bucket, at 0.88 in one launch over every bucket (bench/RESULTS.md). With
+    // nothing to do between buckets (no projection or orthogonalisation), a device waits
+    // for every bucket's reduction and updates them all in one launch (the pieces of
+    // consecutive buckets are consecutive); the gathers follow.
+    if constexpr (!host_memory<Exec> && !projects && !orthogonalizes) {
+      if (!buckets.empty()) {
+        for (std::size_t k = 0; k < buckets.size(); ++k) wait_bucket(k);
+        detail::shard_bucket all;
+        all.first_piece = buckets.front().first_piece;
+        all.end_piece = buckets.back().end_piece;
+        update(all);
+        if (options_.gather_params)
+          for (std::size_t k = 0; k < buckets.size(); ++k) start_gather(k, true);
+        return;
+      }
+    }
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       wait_bucket(k);
       if constexpr (projects) proj_.template project_bucket<Mode>(*this, sc, grad_scale, key, buckets[k]);
       if constexpr (orthogonalizes)
         ortho_.template orthogonalize_bucket<Mode>(*this, sc, grads, grads_local<G>(),
                                                    grad_scale, key, buckets[k]);
-      [&]<int... N>(std::integer_sequence<int, N...>) {
-        const auto run = [&]<int M>(std::integral_constant<int, M>) {
-          if (std::find(active.begin(), active.end(), M) == active.end()) return;
-          if constexpr (is_quantized)
-            q8_.template launch_update<Mode, M>(*this, sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
-          else
-            launch_update<Mode, M>(sc_x, slots_x, tensor_scale_x, grads, grad_scale, key, buckets[k]);
-        };
-        (run(std::integral_constant<int, N>{}), ...);
-      }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
+      update(buckets[k]);
       if (options_.gather_params) start_gather(k, true);
     }
   }

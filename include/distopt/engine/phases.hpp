@@ -129,7 +129,10 @@ struct update_phase : bucket_pieces {
   Enc* state[4] = {};
 
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return takes(c, N) ? pieces[c].count : 0; }
-  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+  /// What update_range takes for item c's elements from `first` on: the arrays, the
+  /// gradient scale, the random key and the layout index. (A device executor that visits
+  /// elements its own way, exec/cuda/phases.cuh, starts from here too.)
+  DISTOPT_HD update_args<Param, Grad, Enc> args(std::size_t c, std::size_t first) const {
     const shard_piece& pc = pieces[c];
     const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
     const std::size_t at = (state_at ? state_at[c] : pc.local) + first;
@@ -141,7 +144,10 @@ struct update_phase : bucket_pieces {
                                     step_key(),
                                     pc.layout + first};
     for (int k = 0; k < N; ++k) a.state[k] = state[k] + at;
-    update_range<Policy, N, Mode>(scalars[pc.group], a, last - first);
+    return a;
+  }
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    update_range<Policy, N, Mode>(scalars[pieces[c].group], args(c, first), last - first);
   }
 };
 

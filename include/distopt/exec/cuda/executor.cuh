@@ -13,7 +13,10 @@
 /// whose collectives the optimizer stages through host memory. The layer-wise and GaLore
 /// engines are host loops still (the optimizer refuses them on cuda at compile time). The
 /// element-wise step is decided on the device (engine/decisions.hpp): with `single` it
-/// makes no copy and no synchronisation, and a CUDA graph can capture it.
+/// makes no copy and no synchronisation, and a CUDA graph can capture it. The element
+/// update and the exact norm have kernels of their own (phases.cuh); every other phase runs
+/// through phase_kernel. Run on an H200 (2026-11-27): bit-identical to `cpu` in
+/// tests/cuda/optimizer.cu, the figures in bench/RESULTS.md.
 
 #include <cuda_runtime.h>
 
@@ -27,6 +30,7 @@
 #include "../../config.hpp"
 #include "../../space.hpp"
 #include "error.cuh"
+#include "phases.cuh"
 
 namespace distopt {
 
@@ -42,6 +46,8 @@ DISTOPT_KERNEL void __launch_bounds__(256) index_kernel(const F f, std::size_t n
 
 /// A phase: blocks take items grid-stride, and the threads of a block take an item's
 /// elements one each (consecutive threads, consecutive elements: coalesced).
+/// (Measured on an H200, 2026-11-27: runs of 4 or 8 consecutive elements a thread instead of
+/// one were 1.1x and 1.9x slower for the update.)
 template <class Phase>
 DISTOPT_KERNEL void __launch_bounds__(256) phase_kernel(const Phase p, std::size_t items) {
   for (std::size_t c = blockIdx.x; c < items; c += gridDim.x) {
@@ -143,19 +149,37 @@ class cuda {
     static_assert(std::is_trivially_copyable_v<F>, "distopt::cuda::parallel_for: f is a kernel argument");
     if (n == 0) return;
     const cuda_exec::device_guard on(device_);
-    const std::size_t blocks = (n + 255) / 256, most = static_cast<std::size_t>(multiprocessors()) * 32;
-    cuda_exec::index_kernel<F><<<static_cast<unsigned>(blocks < most ? blocks : most), 256, 0, stream_>>>(f, n);
+    constexpr auto kernel = cuda_exec::index_kernel<F>;
+    kernel<<<cuda_exec::resident_grid<kernel>((n + 255) / 256, multiprocessors()), 256, 0, stream_>>>(f, n);
     cuda_exec::check(cudaGetLastError(), "distopt::cuda::parallel_for launch");
   }
 
   /// Runs a phase over `items` work items (detail::launch calls it): a block per item.
   template <class Phase>
   void launch(std::size_t items, const Phase& p) {
+    run<cuda_exec::phase_kernel<Phase>>(items, p, "distopt::cuda phase launch");
+  }
+  /// The phases with kernels of their own (exec/cuda/phases.cuh): the element update, 8
+  /// elements a thread in 16-byte words; the 8-bit update, a warp per quantization block;
+  /// the exact norm's squares, a half-warp per layout block, and the items' sums, one block.
+  template <class Policy, int N, detail::param_mode Mode, class Param, class Grad, class Enc>
+  void launch(std::size_t items, const detail::update_phase<Policy, N, Mode, Param, Grad, Enc>& p) {
+    run<cuda_exec::update_phase_kernel<Policy, N, Mode, Param, Grad, Enc>>(items, p, "distopt::cuda update launch");
+  }
+  template <class Policy, int N, detail::param_mode Mode, class Param, class Grad>
+  void launch(std::size_t items, const detail::q8_update_phase<Policy, N, Mode, Param, Grad>& p) {
+    run<cuda_exec::q8_update_phase_kernel<Policy, N, Mode, Param, Grad>>(items, p,
+                                                                          "distopt::cuda 8-bit update launch");
+  }
+  template <class G>
+  void launch(std::size_t items, const detail::squares_phase<G>& p) {
+    run<cuda_exec::squares_kernel<G>>(items, p, "distopt::cuda squares launch");
+  }
+  void launch(std::size_t items, const detail::norm_wire_phase& p) {
     if (items == 0) return;
     const cuda_exec::device_guard on(device_);
-    const std::size_t most = static_cast<std::size_t>(multiprocessors()) * 32;
-    cuda_exec::phase_kernel<Phase><<<static_cast<unsigned>(items < most ? items : most), 256, 0, stream_>>>(p, items);
-    cuda_exec::check(cudaGetLastError(), "distopt::cuda phase launch");
+    cuda_exec::norm_wire_kernel<<<1, 1024, 0, stream_>>>(p);
+    cuda_exec::check(cudaGetLastError(), "distopt::cuda norm launch");
   }
 
   /// Waits for everything enqueued on the stream.
@@ -165,6 +189,16 @@ class cuda {
   }
 
  private:
+  /// Launches grid-stride kernel `Kernel(p, items)` with the blocks of 256 threads that fit
+  /// on the device at once (cuda_exec::resident_grid), at most one per item.
+  template <auto Kernel, class Phase>
+  void run(std::size_t items, const Phase& p, const char* what) {
+    if (items == 0) return;
+    const cuda_exec::device_guard on(device_);
+    Kernel<<<cuda_exec::resident_grid<Kernel>(items, multiprocessors()), 256, 0, stream_>>>(p, items);
+    cuda_exec::check(cudaGetLastError(), what);
+  }
+
   /// The device's multiprocessors (1 if it cannot be asked).
   int multiprocessors() const noexcept {
     int device = device_, sms = 0;

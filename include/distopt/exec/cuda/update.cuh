@@ -15,8 +15,10 @@
 /// Stochastic rounding draws its bits from the counter hash of (seed and step, layout
 /// index), so results do not depend on the launch configuration.
 ///
-/// Status: compiled in CI (no GPU there); the run on a GPU (tests/cuda, bench/gpu/run.sh)
-/// is still owed. The optimizer class does not dispatch to it yet.
+/// Status: run on an H200 (2026-11-27, bench/RESULTS.md): bit-identical to the CPU
+/// (tests/cuda/update_kernels.cu), clean under compute-sanitizer memcheck and racecheck.
+/// The optimizer's own update phase on cuda (exec/cuda/phases.cuh) moves elements the same
+/// way, from its piece table; this plan is the standalone family over user pointers.
 
 #include <cuda_runtime.h>
 
@@ -103,15 +105,37 @@ void* upload(const std::vector<T>& v, const char* what) {
   return p;
 }
 
-/// Persistent blocks: 8 per multiprocessor of the current device, at most one per item.
-inline unsigned persistent_grid(std::size_t items) {
+/// The current device's multiprocessors.
+inline int multiprocessors() {
   int device = 0, sms = 1;
   check(cudaGetDevice(&device), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return static_cast<unsigned>(std::min<std::size_t>(items, static_cast<std::size_t>(sms) * 8));
+  return sms;
 }
 
 }  // namespace detail_
+
+/// Thread blocks of 256 threads of `Kernel` that one multiprocessor runs at once (asked of
+/// the device current at the first call, once per kernel; at least 1). A grid-stride
+/// ("persistent") kernel wants that many blocks a multiprocessor and no more: blocks beyond
+/// it run in a later wave, and the last, partial wave leaves most of the chip idle. (On an
+/// H200, 8 blocks a multiprocessor where 3 fit held the AdamW fp32 kernel at 0.87 of the
+/// copy bandwidth; the resident grid runs it at 0.93.)
+template <auto Kernel>
+int resident_blocks() {
+  static const int per_sm = [] {
+    int b = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, 256, 0) == cudaSuccess && b > 0 ? b : 1;
+  }();
+  return per_sm;
+}
+
+/// The grid of a grid-stride kernel over `items` on `sms` multiprocessors: as many blocks
+/// as run at once, at most one per item.
+template <auto Kernel>
+unsigned resident_grid(std::size_t items, int sms) {
+  return static_cast<unsigned>(std::min<std::size_t>(items, static_cast<std::size_t>(sms) * resident_blocks<Kernel>()));
+}
 
 /// The fused update over every chunk of a plan: blocks take chunks in a grid-stride loop;
 /// in a vector chunk each thread loads 8 consecutive elements of each array with 16-byte
@@ -225,7 +249,7 @@ class update_plan {
     for (const auto& p : pieces) elems_ += p.count;
     pieces_ = static_cast<piece<Param, Grad, Enc>*>(detail_::upload(pieces, "update plan"));
     chunks_ = static_cast<chunk*>(detail_::upload(chunks, "update plan"));
-    grid_ = detail_::persistent_grid(chunk_count_);
+    sms_ = detail_::multiprocessors();
   }
   update_plan(const update_plan&) = delete;
   update_plan& operator=(const update_plan&) = delete;
@@ -250,8 +274,9 @@ class update_plan {
   void run(const typename Policy::scalars& s, float grad_scale, std::uint64_t random_key,
            cudaStream_t stream = nullptr) const {
     if (chunk_count_ == 0) return;
-    update_kernel<Policy, N, Mode, Param, Grad, Enc>
-        <<<grid_, 256, 0, stream>>>(s, pieces_, chunks_, chunk_count_, grad_scale, random_key);
+    constexpr auto kernel = update_kernel<Policy, N, Mode, Param, Grad, Enc>;
+    kernel<<<resident_grid<kernel>(chunk_count_, sms_), 256, 0, stream>>>(s, pieces_, chunks_, chunk_count_,
+                                                                         grad_scale, random_key);
     check(cudaGetLastError(), "update_kernel launch");
   }
 
@@ -262,12 +287,12 @@ class update_plan {
     std::swap(chunk_count_, o.chunk_count_);
     std::swap(elems_, o.elems_);
     std::swap(vector_elems_, o.vector_elems_);
-    std::swap(grid_, o.grid_);
+    std::swap(sms_, o.sms_);
   }
   piece<Param, Grad, Enc>* pieces_ = nullptr;
   chunk* chunks_ = nullptr;
   std::size_t chunk_count_ = 0, elems_ = 0, vector_elems_ = 0;
-  unsigned grid_ = 1;
+  int sms_ = 1;
 };
 
 }  // namespace abi_v0_1
