@@ -104,22 +104,34 @@ void collectives(nccl& c, std::size_t n) {
     in.upload(x);
     out.poison();
     c.reduce_scatter(in.cspan(), out.span(), op);
-    check(same_bits(out.download(), x), "reduce_scatter " + op_name(op) + " " + tag + " is not the input");
+    {
+      const auto got = out.download();
+      check(same_bits(got, x), "reduce_scatter " + op_name(op) + " " + tag + " is not the input" + difference(got, x));
+    }
     out.poison();
     r = c.ireduce_scatter(in.cspan(), out.span(), op);
     r.wait();
-    check(same_bits(out.download(), x), "ireduce_scatter " + op_name(op) + " " + tag + " is not the input");
+    {
+      const auto got = out.download();
+      check(same_bits(got, x), "ireduce_scatter " + op_name(op) + " " + tag + " is not the input" + difference(got, x));
+    }
     // In place: out is this rank's slice of in (all of it, with one rank).
     c.reduce_scatter(in.cspan(), in.span().subspan(static_cast<std::size_t>(c.rank()) * n, n), op);
     check(same_bits(in.download(), x), "in-place reduce_scatter " + op_name(op) + " " + tag);
 
     out.poison();
     c.reduce(in.cspan(), out.span().subspan(0, n), op, 0);
-    check(same_bits(out.download(), x), "reduce " + op_name(op) + " " + tag + " is not the input");
+    {
+      const auto got = out.download();
+      check(same_bits(got, x), "reduce " + op_name(op) + " " + tag + " is not the input" + difference(got, x));
+    }
     out.poison();
     r = c.ireduce(in.cspan(), out.span().subspan(0, n), op, 0);
     r.wait();
-    check(same_bits(out.download(), x), "ireduce " + op_name(op) + " " + tag + " is not the input");
+    {
+      const auto got = out.download();
+      check(same_bits(got, x), "ireduce " + op_name(op) + " " + tag + " is not the input" + difference(got, x));
+    }
     c.reduce(in.cspan(), in.span(), op, 0);  // in place on the root
     check(same_bits(in.download(), x), "in-place reduce " + op_name(op) + " " + tag);
   }
@@ -234,6 +246,9 @@ void suite(nccl& c, const std::string& label) {
 int run() {
   int device = 0;
   cuda(cudaGetDevice(&device), "cudaGetDevice");
+  int version = 0;
+  nccl_call(ncclGetVersion(&version), "ncclGetVersion");
+  std::cout << "nccl_comm: NCCL " << version / 10000 << "." << version / 100 % 100 << "." << version % 100 << "\n";
 
   // ncclCommInitAll over this one device: the main suite, split and the error paths.
   const int devices[] = {device};

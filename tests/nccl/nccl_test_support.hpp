@@ -69,6 +69,27 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+/// Where `got` differs from `want` in bits: " (K of N differ, the first at I: got X, want
+/// Y)", or "" when they are the same.
+template <class T>
+std::string difference(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return " (" + std::to_string(got.size()) + " elements, want " + std::to_string(want.size()) + ")";
+  std::size_t count = 0, first = 0;
+  for (std::size_t i = got.size(); i-- > 0;)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ++count;
+      first = i;
+    }
+  if (count == 0) return "";
+  const auto value = [](const T& x) {
+    if constexpr (std::is_floating_point_v<T>) return std::to_string(static_cast<double>(x));
+    else return std::to_string(static_cast<double>(distopt::to_float(x)));
+  };
+  return " (" + std::to_string(count) + " of " + std::to_string(got.size()) + " differ, the first at " +
+         std::to_string(first) + ": got " + value(got[first]) + ", want " + value(want[first]) + ")";
+}
+
 /// n elements of T in device memory.
 template <class T>
 class device_buffer {

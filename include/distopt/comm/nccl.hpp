@@ -419,14 +419,21 @@ class nccl {
 
   std::size_t ranks() const noexcept { return static_cast<std::size_t>(size_); }
 
+  /// NCCL's op for `op`. On one rank `avg` is `sum` (the same values): the NCCL of PyTorch's
+  /// nvidia-nccl-cu13 wheel on an H200 (2026-11-27) left the last of 4,097 floats unwritten
+  /// in an out-of-place ncclAvg reduce_scatter or reduce on one rank (tests/nccl/nccl_comm.cpp).
+  ncclRedOp_t red_op(reduce_op op) const noexcept {
+    return op == reduce_op::avg && size_ == 1 ? ncclSum : detail::nccl_reduce_op(op);
+  }
+
   template <nccl_element T>
   auto all_reduce_launch(std::span<T> data, reduce_op op) const {
     const std::size_t n = data.size(), d = ranks(), r = static_cast<std::size_t>(rank_);
     const std::size_t chunk = n / d + (r < n % d ? 1 : 0);
     const std::size_t bytes = d > 1 ? (n + (d - 2) * chunk) * sizeof(T) : 0;
-    return detail::make_nccl_launch("ncclAllReduce", n, bytes, [data, op, c = comm(), s = stream()] {
+    return detail::make_nccl_launch("ncclAllReduce", n, bytes, [data, o = red_op(op), c = comm(), s = stream()] {
       return ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_data_type<T>(),
-                           detail::nccl_reduce_op(op), c, s);
+                           o, c, s);
     });
   }
 
@@ -456,9 +463,10 @@ class nccl {
         detail::ranges_overlap(in.data(), in.size(), static_cast<const T*>(out.data()), m))
       throw std::invalid_argument("distopt::nccl::reduce_scatter: out overlaps in but is not this rank's slice of it");
     const std::size_t bytes = (d - 1) * m * sizeof(T);
-    return detail::make_nccl_launch("ncclReduceScatter", m, bytes, [in, out, op, c = comm(), s = stream()] {
+    return detail::make_nccl_launch("ncclReduceScatter", m, bytes,
+                                    [in, out, o = red_op(op), c = comm(), s = stream()] {
       return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl_data_type<T>(),
-                               detail::nccl_reduce_op(op), c, s);
+                               o, c, s);
     });
   }
 
@@ -476,9 +484,10 @@ class nccl {
         detail::ranges_overlap(in.data(), n, static_cast<const T*>(out.data()), n))
       throw std::invalid_argument("distopt::nccl::reduce: out overlaps in but is not the same elements");
     const std::size_t bytes = me ? 0 : n * sizeof(T);
-    return detail::make_nccl_launch("ncclReduce", n, bytes, [in, out, op, root, me, c = comm(), s = stream()] {
+    return detail::make_nccl_launch("ncclReduce", n, bytes,
+                                    [in, out, o = red_op(op), root, me, c = comm(), s = stream()] {
       return ncclReduce(in.data(), me ? out.data() : nullptr, in.size(), detail::nccl_data_type<T>(),
-                        detail::nccl_reduce_op(op), root, c, s);
+                        o, root, c, s);
     });
   }
 
