@@ -30,7 +30,8 @@ cp bench/gpu/run.sh bench/gpu/torch_gpu.py bench/peers/torch_step.py "$bundle/"
 allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl)\.so'
 status=0
 {
-  echo "built $(date -u +%FT%TZ) at $(git rev-parse --short HEAD) for CUDA architectures $arch"
+  dirty=$(git diff --quiet HEAD -- include tests bench 2> /dev/null || echo " with uncommitted changes")
+  echo "built $(date -u +%FT%TZ) at $(git rev-parse --short HEAD)$dirty for CUDA architectures $arch"
   for p in "${programs[@]}"; do
     f=$bundle/${p##*/}
     needed=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')

@@ -74,7 +74,8 @@ struct row {
 /// One step of `Policy` over the GPT-like tensors, laid out as the optimizer does (each
 /// tensor at its layout offset, blocks of 256 elements).
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
-row run_case(const options& o, timer& t, const typename Policy::hyper_params& h, std::string param_name) {
+row run_case(const options& o, timer& t, const typename Policy::hyper_params& h, std::string param_name,
+             std::size_t chunk_elems = 1 << 15) {
   const distopt::layout l = bench::gpt_like(o.params, distopt::dtype_of<Param>);
   const std::size_t n = l.size();  // elements, with block padding
   constexpr bool master = Mode == param_mode::master;
@@ -89,7 +90,7 @@ row run_case(const options& o, timer& t, const typename Policy::hyper_params& h,
     for (int k = 0; k < N; ++k) pc.state[k] = s[k] + ts.offset;
     pieces.push_back(pc);
   }
-  const ce::update_plan<Param, Grad, Enc> plan(pieces, N, master);
+  const ce::update_plan<Param, Grad, Enc> plan(pieces, N, master, chunk_elems);
   const auto sc = Policy::prepare(h, distopt::step_info{10, false});
   const double secs = t.best(o.repeats, [&] { plan.template run<Policy, N, Mode>(sc, 1.0f, 7); });
   ce::check(cudaDeviceSynchronize(), "update kernels");
@@ -183,6 +184,9 @@ int main(int argc, char** argv) {
     using distopt::bf16;
     rows.push_back(run_case<distopt::sgd, 1, param_mode::fp32, float, float, float>(o, t, momentum, "fp32"));
     rows.push_back(run_case<distopt::adamw, 2, param_mode::fp32, float, float, float>(o, t, w, "fp32"));
+    // The plan's chunk length against the grid's last wave: 8 Ki and 2 Ki elements a chunk.
+    rows.push_back(run_case<distopt::adamw, 2, param_mode::fp32, float, float, float>(o, t, w, "fp32,c8K", 1 << 13));
+    rows.push_back(run_case<distopt::adamw, 2, param_mode::fp32, float, float, float>(o, t, w, "fp32,c2K", 1 << 11));
     rows.push_back(run_case<distopt::adamw, 2, param_mode::fp32, float, float, bf16>(o, t, w, "fp32"));
     rows.push_back(run_case<distopt::adamw, 2, param_mode::master, bf16, bf16, float>(o, t, w, "bf16+master"));
     rows.push_back(run_case<distopt::adamw, 2, param_mode::no_master_sr, bf16, bf16, bf16>(o, t, w, "bf16+sr"));
