@@ -3,8 +3,9 @@
 #pragma once
 /// \file The 8-bit engine of distopt::optimizer (`replicated<q8>`, `sharded<q8>`): compact
 /// code buffers, one fp32 absmax per block of 256, fp32 states for the tensors below
-/// min_8bit_size, and the fused 8-bit update of a piece. storage/q8.hpp includes it;
-/// optimizers with fp32 or bf16 states never parse it.
+/// min_8bit_size, and the fused 8-bit update of a piece. storage/q8.hpp includes it, and
+/// exec/cuda/phases.cuh (for the 8-bit phase's kernel); host optimizers with fp32 or bf16
+/// states never parse it.
 
 #include <algorithm>
 #include <array>

@@ -14,8 +14,8 @@
 /// engines are host loops still (the optimizer refuses them on cuda at compile time). The
 /// element-wise step is decided on the device (engine/decisions.hpp): with `single` it
 /// makes no copy and no synchronisation, and a CUDA graph can capture it. The element
-/// update and the exact norm have kernels of their own (phases.cuh); every other phase runs
-/// through phase_kernel. Run on an H200 (2026-11-27): bit-identical to `cpu` in
+/// update, the 8-bit update and the exact norm have kernels of their own (phases.cuh);
+/// every other phase runs through phase_kernel. Run on an H200 (2026-11-27): bit-identical to `cpu` in
 /// tests/cuda/optimizer.cu, the figures in bench/RESULTS.md.
 
 #include <cuda_runtime.h>
@@ -46,8 +46,9 @@ DISTOPT_KERNEL void __launch_bounds__(256) index_kernel(const F f, std::size_t n
 
 /// A phase: blocks take items grid-stride, and the threads of a block take an item's
 /// elements one each (consecutive threads, consecutive elements: coalesced).
-/// (Measured on an H200, 2026-11-27: runs of 4 or 8 consecutive elements a thread instead of
-/// one were 1.1x and 1.9x slower for the update.)
+/// (Measured on an H200, 2026-11-27: runs of 4 or 8 consecutive elements a thread, through
+/// the phase's body and its scalar loads, were 1.1x and 1.9x slower for the update than one;
+/// the update's own kernel takes 8 with 16-byte loads.)
 template <class Phase>
 DISTOPT_KERNEL void __launch_bounds__(256) phase_kernel(const Phase p, std::size_t items) {
   for (std::size_t c = blockIdx.x; c < items; c += gridDim.x) {
@@ -178,7 +179,7 @@ class cuda {
   void launch(std::size_t items, const detail::norm_wire_phase& p) {
     if (items == 0) return;
     const cuda_exec::device_guard on(device_);
-    cuda_exec::norm_wire_kernel<<<1, 1024, 0, stream_>>>(p);
+    cuda_exec::norm_wire_kernel<><<<1, 1024, 0, stream_>>>(p);
     cuda_exec::check(cudaGetLastError(), "distopt::cuda norm launch");
   }
 

@@ -5,7 +5,7 @@
 /// them by the phase's type); every other phase runs through the generic phase kernel.
 ///
 /// The element update (detail::update_phase): the generic kernel gives a thread one element
-/// at a time, in 4-byte loads. Here a thread takes 8 consecutive elements of every array
+/// at a time, one element's load per array. Here a thread takes 8 consecutive elements of every array
 /// with 16-byte loads, where the piece's arrays are all 16-byte aligned together (a scalar
 /// head and tail around that), and runs the same per-element body, detail::update_one, on
 /// them in registers.
@@ -62,10 +62,10 @@ __device__ inline void add_exact(unsigned long long* acc, double v) {
   }
 }
 
-/// The squares of `m` (at most `per_lane` * 16) elements of g times `factor`, summed as
-/// detail::sum_of_squares sums them, by the 16 lanes of a half-warp (`mask`: its lanes).
-/// Every lane returns the sum. A full block's loads are issued before the sums, so a lane
-/// has per_lane loads in flight.
+/// The squares of the `m` elements of g times `factor`, summed as detail::sum_of_squares
+/// sums them, by the 16 lanes of a half-warp (`mask`: its lanes); lane 0 returns the sum.
+/// A block of exactly per_lane * 16 elements has its loads issued before the sums, so a
+/// lane has per_lane loads in flight; any other length takes the strided loop.
 template <int per_lane, class G>
 __device__ inline double block_squares(const G* g, std::size_t m, double factor, unsigned lane, unsigned mask) {
   double s = 0.0;
@@ -89,7 +89,8 @@ __device__ inline double block_squares(const G* g, std::size_t m, double factor,
 }
 
 /// detail::squares_phase: a thread block per item (grid-stride), the item's layout blocks
-/// dealt to its 16 half-warps in turn across pieces; out[item] gets the item's exact sum.
+/// dealt to its 16 half-warps in turn across pieces; the item's exact sum is added to
+/// out[item], as the phase's body adds it on a host.
 template <class G>
 DISTOPT_KERNEL void __launch_bounds__(256) squares_kernel(const detail::squares_phase<G> p, std::size_t items) {
   __shared__ unsigned long long acc[sum_parts];
@@ -116,14 +117,19 @@ DISTOPT_KERNEL void __launch_bounds__(256) squares_kernel(const detail::squares_
       before += blocks;
     }
     __syncthreads();
-    if (threadIdx.x == 0) p.out[w] = exact_sum::from_parts(acc, acc[exact_sum::limbs], acc[exact_sum::limbs + 1]);
+    if (threadIdx.x == 0)
+      p.out[w].add(exact_sum::from_parts(acc, acc[exact_sum::limbs], acc[exact_sum::limbs + 1]));
     __syncthreads();
   }
 }
 
-/// detail::norm_wire_phase: one thread block; thread t adds part t % sum_parts of every
-/// (t / sum_parts)-th item's sum (each below 2^32: the squares kernel leaves them
-/// normalised), the groups are added in shared memory, and thread 0 writes the wire image.
+/// detail::norm_wire_phase: one thread block of 1,024; thread t adds part t % sum_parts of
+/// the items i with i % groups == t / sum_parts (each part below 2^32: exact_sum::add
+/// leaves the items normalised), the groups are added in shared memory, and thread 0
+/// writes the wire image. A template, as every kernel here: a kernel that is not would be
+/// defined in each translation unit that includes this header, and two such units would
+/// not link.
+template <int = 0>
 DISTOPT_KERNEL void __launch_bounds__(1024) norm_wire_kernel(const detail::norm_wire_phase p) {
   __shared__ unsigned long long acc[sum_parts];
   constexpr unsigned groups = 1024u / sum_parts;
@@ -175,29 +181,9 @@ DISTOPT_KERNEL void __launch_bounds__(256)
                                   a.grad_scale, a.random_key, a.random_base);
     }
     for (std::size_t i0 = head + static_cast<std::size_t>(threadIdx.x) * V; i0 < end;
-         i0 += static_cast<std::size_t>(blockDim.x) * V) {
-      Param rp[V];
-      Grad rg[V];
-      float rm[uses_master ? V : 1];
-      Enc rs[N > 0 ? N : 1][V];
-      // With master weights the params are only written (the master holds the value).
-      if constexpr (!uses_master) detail_::vector_copy<Param, V>(rp, a.param + i0);
-      detail_::vector_copy<Grad, V>(rg, a.grad + i0);
-      if constexpr (uses_master) detail_::vector_copy<float, V>(rm, a.master + i0);
-DISTOPT_CUDA_UNROLL
-      for (int k = 0; k < N; ++k) detail_::vector_copy<Enc, V>(rs[k], a.state[k] + i0);
-      Enc* r0 = N > 0 ? rs[0] : nullptr;
-      Enc* r1 = N > 1 ? rs[N > 1 ? 1 : 0] : nullptr;
-      Enc* r2 = N > 2 ? rs[N > 2 ? 2 : 0] : nullptr;
-      Enc* r3 = N > 3 ? rs[N > 3 ? 3 : 0] : nullptr;
-DISTOPT_CUDA_UNROLL
-      for (std::size_t j = 0; j < V; ++j)
-        update_one<Policy, N, Mode>(s, rp, rg, rm, r0, r1, r2, r3, j, a.grad_scale, a.random_key, a.random_base + i0);
-      detail_::vector_store<Param, V>(a.param + i0, rp);
-      if constexpr (uses_master) detail_::vector_store<float, V>(a.master + i0, rm);
-DISTOPT_CUDA_UNROLL
-      for (int k = 0; k < N; ++k) detail_::vector_store<Enc, V>(a.state[k] + i0, rs[k]);
-    }
+         i0 += static_cast<std::size_t>(blockDim.x) * V)
+      vector_step<Policy, N, Mode>(s, a.param, a.grad, a.master, a.state, i0, a.grad_scale, a.random_key,
+                                   a.random_base);
   }
 }
 

@@ -125,7 +125,11 @@ template <auto Kernel>
 int resident_blocks() {
   static const int per_sm = [] {
     int b = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, 256, 0) == cudaSuccess && b > 0 ? b : 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, 256, 0) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());  // a failed query is not the launch's error
+      return 1;
+    }
+    return b > 0 ? b : 1;
   }();
   return per_sm;
 }
@@ -135,6 +139,39 @@ int resident_blocks() {
 template <auto Kernel>
 unsigned resident_grid(std::size_t items, int sms) {
   return static_cast<unsigned>(std::min<std::size_t>(items, static_cast<std::size_t>(sms) * resident_blocks<Kernel>()));
+}
+
+/// One vector step: elements [i0, i0 + vector_width) of every array loaded in 16-byte
+/// words, updated in registers by detail::update_one (stochastic rounding keyed by base +
+/// element), stored back the same way. Every array must be 16-byte aligned at i0.
+template <class Policy, int N, distopt::detail::param_mode Mode, class Param, class Grad, class Enc>
+__device__ DISTOPT_INLINE void vector_step(const typename Policy::scalars& s, Param* p, const Grad* g, float* m,
+                                           Enc* const* st, std::size_t i0, float scale, std::uint64_t key,
+                                           std::size_t base) {
+  using distopt::detail::param_mode;
+  constexpr std::size_t V = vector_width;
+  constexpr bool uses_master = Mode == param_mode::master;
+  Param rp[V];
+  Grad rg[V];
+  float rm[uses_master ? V : 1];
+  Enc rs[N > 0 ? N : 1][V];
+  // With master weights the params are only written (the master holds the value).
+  if constexpr (!uses_master) detail_::vector_copy<Param, V>(rp, p + i0);
+  detail_::vector_copy<Grad, V>(rg, g + i0);
+  if constexpr (uses_master) detail_::vector_copy<float, V>(rm, m + i0);
+DISTOPT_CUDA_UNROLL
+  for (int k = 0; k < N; ++k) detail_::vector_copy<Enc, V>(rs[k], st[k] + i0);
+  Enc* r0 = N > 0 ? rs[0] : nullptr;
+  Enc* r1 = N > 1 ? rs[N > 1 ? 1 : 0] : nullptr;
+  Enc* r2 = N > 2 ? rs[N > 2 ? 2 : 0] : nullptr;
+  Enc* r3 = N > 3 ? rs[N > 3 ? 3 : 0] : nullptr;
+DISTOPT_CUDA_UNROLL
+  for (std::size_t j = 0; j < V; ++j)
+    distopt::detail::update_one<Policy, N, Mode>(s, rp, rg, rm, r0, r1, r2, r3, j, scale, key, base + i0);
+  detail_::vector_store<Param, V>(p + i0, rp);
+  if constexpr (uses_master) detail_::vector_store<float, V>(m + i0, rm);
+DISTOPT_CUDA_UNROLL
+  for (int k = 0; k < N; ++k) detail_::vector_store<Enc, V>(st[k] + i0, rs[k]);
 }
 
 /// The fused update over every chunk of a plan: blocks take chunks in a grid-stride loop;
@@ -160,29 +197,8 @@ DISTOPT_CUDA_UNROLL
     const std::size_t base = pc.random_base + ch.offset;
     if (ch.vector) {
       for (std::size_t i0 = static_cast<std::size_t>(threadIdx.x) * V; i0 < ch.count;
-           i0 += static_cast<std::size_t>(blockDim.x) * V) {
-        Param rp[V];
-        Grad rg[V];
-        float rm[uses_master ? V : 1];
-        Enc rs[N > 0 ? N : 1][V];
-        // With master weights the params are only written (the master holds the value).
-        if constexpr (!uses_master) detail_::vector_copy<Param, V>(rp, p + i0);
-        detail_::vector_copy<Grad, V>(rg, g + i0);
-        if constexpr (uses_master) detail_::vector_copy<float, V>(rm, m + i0);
-DISTOPT_CUDA_UNROLL
-        for (int k = 0; k < N; ++k) detail_::vector_copy<Enc, V>(rs[k], st[k] + i0);
-        Enc* r0 = N > 0 ? rs[0] : nullptr;
-        Enc* r1 = N > 1 ? rs[N > 1 ? 1 : 0] : nullptr;
-        Enc* r2 = N > 2 ? rs[N > 2 ? 2 : 0] : nullptr;
-        Enc* r3 = N > 3 ? rs[N > 3 ? 3 : 0] : nullptr;
-DISTOPT_CUDA_UNROLL
-        for (std::size_t j = 0; j < V; ++j)
-          update_one<Policy, N, Mode>(s, rp, rg, rm, r0, r1, r2, r3, j, scale, key, base + i0);
-        detail_::vector_store<Param, V>(p + i0, rp);
-        if constexpr (uses_master) detail_::vector_store<float, V>(m + i0, rm);
-DISTOPT_CUDA_UNROLL
-        for (int k = 0; k < N; ++k) detail_::vector_store<Enc, V>(st[k] + i0, rs[k]);
-      }
+           i0 += static_cast<std::size_t>(blockDim.x) * V)
+        vector_step<Policy, N, Mode>(s, p, g, m, st, i0, scale, key, base);
     } else {
       for (std::size_t i = threadIdx.x; i < ch.count; i += blockDim.x)
         update_one<Policy, N, Mode>(s, p, g, m, st[0], st[1], st[2], st[3], i, scale, key, base);
