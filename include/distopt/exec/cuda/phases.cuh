@@ -5,10 +5,10 @@
 /// them by the phase's type); every other phase runs through the generic phase kernel.
 ///
 /// The element update (detail::update_phase): the generic kernel gives a thread one element
-/// at a time, one element's load per array. Here a thread takes 8 consecutive elements of every array
-/// with 16-byte loads, where the piece's arrays are all 16-byte aligned together (a scalar
-/// head and tail around that), and runs the same per-element body, detail::update_one, on
-/// them in registers.
+/// at a time, one element's load per array. Here a thread takes 8 consecutive elements of
+/// every array with 16-byte loads, where the piece's arrays are all 16-byte aligned together
+/// (a scalar head and tail around that; vector_head, as update_plan cuts its chunks), and
+/// runs the same per-element body, detail::update_one, on them in registers.
 ///
 /// The 8-bit update (detail::q8_update_phase): the generic kernel gives a thread a whole
 /// quantization block of 256 elements. Here a warp takes a block: lane l the elements l,
@@ -163,17 +163,9 @@ DISTOPT_KERNEL void __launch_bounds__(256)
     if (n == 0) continue;
     const distopt::detail::update_args<Param, Grad, Enc> a = p.args(c, 0);
     const typename Policy::scalars s = p.scalars[p.pieces[c].group];
-    const auto aligned_at = [&a](std::size_t e) {
-      const auto at16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
-      bool ok = at16(a.param + e) && at16(a.grad + e);
-      if (uses_master) ok = ok && at16(a.master + e);
-      for (int k = 0; k < N; ++k) ok = ok && at16(a.state[k] + e);
-      return ok;
-    };
-    std::size_t head = 0;
-    while (head < V && head < n && !aligned_at(head)) ++head;
-    if (head == V || head == n) head = n;  // never aligned together: all scalar
-    const std::size_t end = head + (n - head) / V * V;  // the vector body is [head, end)
+    // The vector body is [head, end); a piece whose arrays are never aligned together is all head.
+    const std::size_t head = vector_head(a.param, a.grad, uses_master ? a.master : nullptr, a.state, N, n);
+    const std::size_t end = head + (n - head) / V * V;
     for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) {
       const std::size_t e = i < head ? i : end + (i - head);  // the head, then the tail
       if (e >= n) break;

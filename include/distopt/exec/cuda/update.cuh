@@ -73,6 +73,22 @@ struct chunk {
 /// and 4-byte types 2 x 16.
 inline constexpr std::size_t vector_width = 8;
 
+/// The first element (below vector_width) at which every array an update touches is
+/// 16-byte aligned: params, grads, `master` unless null, `slots` state arrays; `n` when there
+/// is none before n (arrays of 2- and 4-byte elements that are not aligned together within
+/// 8 elements never are).
+template <class Param, class Grad, class Enc>
+DISTOPT_HD std::size_t vector_head(const Param* p, const Grad* g, const float* master, Enc* const* state,
+                                   int slots, std::size_t n) {
+  const auto at16 = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
+  for (std::size_t e = 0; e < vector_width && e < n; ++e) {
+    bool ok = at16(p + e) && at16(g + e) && (!master || at16(master + e));
+    for (int k = 0; k < slots; ++k) ok = ok && at16(state[k] + e);
+    if (ok) return e;
+  }
+  return n;
+}
+
 namespace detail_ {
 
 /// Copies `Count` elements of T between memory and registers in 16-byte words.
@@ -220,17 +236,9 @@ std::vector<chunk> cut_chunks(const std::vector<piece<Param, Grad, Enc>>& pieces
   std::vector<chunk> out;
   for (std::size_t k = 0; k < pieces.size(); ++k) {
     const auto& pc = pieces[k];
-    // Whether every array the kernel touches is 16-byte aligned at element e.
-    auto aligned_at = [&](std::size_t e) {
-      bool ok = (reinterpret_cast<std::uintptr_t>(pc.param + e) % 16 == 0) &&
-                (reinterpret_cast<std::uintptr_t>(pc.grad + e) % 16 == 0);
-      if (master) ok = ok && reinterpret_cast<std::uintptr_t>(pc.master + e) % 16 == 0;
-      for (int s = 0; s < slots; ++s) ok = ok && reinterpret_cast<std::uintptr_t>(pc.state[s] + e) % 16 == 0;
-      return ok;
-    };
-    std::size_t head = 0;
-    while (head < vector_width && head < pc.count && !aligned_at(head)) ++head;
-    const bool vectorisable = head < pc.count && aligned_at(head);
+    const std::size_t head =
+        vector_head(pc.param, pc.grad, master ? pc.master : nullptr, pc.state, slots, pc.count);
+    const bool vectorisable = head < pc.count;
     const auto push = [&](std::size_t first, std::size_t n, bool vec) {
       for (std::size_t o = first; o < first + n; o += chunk_elems) {
         const std::size_t len = std::min(chunk_elems, first + n - o);
