@@ -47,6 +47,7 @@ run_test() {
 : > "$out/tests.txt"
 run_test cuda.update 90 "$bundle/test_cuda_update"
 run_test cuda.optimizer 150 "$bundle/test_cuda_optimizer"
+run_test cuda.layerwise 120 "$bundle/test_cuda_layerwise"
 run_test nccl.one_rank_plumbing 60 "$bundle/test_nccl_comm"
 run_test nccl.multi_rank 60 "$bundle/test_nccl_multi_rank"
 

@@ -279,10 +279,11 @@ class optimizer {
   static_assert(host_memory<Exec> || !projects,
                 "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
                 "on device memory (emulated_device) the element-wise and layer-wise policies run");
-  static_assert(runs_host_functions<Exec> || (!is_layerwise && !projects),
+  static_assert(runs_host_functions<Exec> || !projects,
                 "distopt::optimizer: on a device-only executor (distopt::cuda) the element-wise policies "
-                "(sgd, adam, adamw, lion, custom ones) run, with fp32, bf16 or q8 states; the layer-wise and "
-                "GaLore engines are still host loops (they run on cpu, kokkos and emulated_device)");
+                "(sgd, adam, adamw, lion, custom ones, with fp32, bf16 or q8 states) and the layer-wise ones "
+                "(lamb, adafactor, came) run; the GaLore engine is still a host loop (it runs on cpu, kokkos "
+                "and emulated_device)");
   static_assert(runs_host_functions<Exec> || !collectives_in_device_memory<Comm>,
                 "distopt::optimizer: on a device-only executor (distopt::cuda) the communicator is a host "
                 "one for now (single, threads, mpi, any_comm: buckets are staged through host memory); nccl "
@@ -857,7 +858,7 @@ class optimizer {
 
  private:
   friend struct io::checkpoint_access;
-  template <class, class>
+  template <class, class, class>
   friend struct detail::layer_engine;
   template <class, class>
   friend struct detail::projection_engine;
@@ -1815,7 +1816,7 @@ class optimizer {
   // Muon only (detail/muon_engine.hpp).
   std::conditional_t<orthogonalizes, detail::muon_engine<Policy, state_type>, detail::no_engine> ortho_;
   // Layer-wise policies only (detail/layer_engine.hpp).
-  std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type>, detail::no_engine> layer_;
+  std::conditional_t<is_layerwise, detail::layer_engine<Policy, state_type, Exec>, detail::no_engine> layer_;
 };
 
 }  // namespace distopt

@@ -8,8 +8,7 @@
 // staged through host memory). And a step captured into a CUDA graph, replayed.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
-#include <distopt/distopt.hpp>
-#include <distopt/exec/cuda/executor.cuh>
+#include "check_cases.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -17,43 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "../unit/sharded_harness.hpp"
-
 namespace {
 
 using namespace distopt;
+using namespace cuda_check;
 using harness::run_options;
-
-int failures = 0, checks = 0;
-
-void compare(const std::string& what, const harness::outcome& got, const harness::outcome& ref) {
-  ++checks;
-  // NaN != NaN: the norms are compared as bits.
-  const bool norms = got.norms.size() == ref.norms.size() &&
-                     std::memcmp(got.norms.data(), ref.norms.data(), ref.norms.size() * sizeof(double)) == 0;
-  if (got.params == ref.params && got.master == ref.master && got.states == ref.states && norms &&
-      got.skipped == ref.skipped)
-    return;
-  ++failures;
-  std::printf("FAILED: %s:%s%s%s%s%s\n", what.c_str(), got.params == ref.params ? "" : " params",
-              got.master == ref.master ? "" : " master", got.states == ref.states ? "" : " states",
-              norms ? "" : " norms", got.skipped == ref.skipped ? "" : " skipped");
-}
-
-/// On each awkward layout: cpu on one rank against cuda on one rank and on d = 1..4.
-template <class Policy, class Enc, class Prec>
-void check_case(const std::string& what, const std::vector<typename Policy::hyper_params>& h, run_options ro,
-                dtype t = dtype::f32) {
-  for (const harness::layout_case& c : harness::awkward_layouts()) {
-    ro.options.bucket_elems = c.bucket;
-    const layout l = harness::make_layout(c, t, static_cast<int>(h.size()));
-    const harness::outcome ref = harness::run_single<Policy, Enc, Prec, cpu>(l, h, ro);
-    compare(what + ", layout " + c.name + ", one rank", harness::run_single<Policy, Enc, Prec, cuda>(l, h, ro), ref);
-    for (int d = 1; d <= 4; ++d)  // sharded states, d ranks as threads on one GPU
-      compare(what + ", layout " + c.name + ", d=" + std::to_string(d),
-              harness::run_threads<Policy, sharded<Enc>, Prec, cuda>(d, l, h, ro), ref);
-  }
-}
 
 /// A whole step captured into a CUDA graph and replayed 10 times leaves what 10 step()
 /// calls leave, bit for bit: step() neither synchronises nor copies (engine/decisions.hpp),
@@ -122,11 +89,7 @@ void graph_replay_equals_steps() {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device: optimizer<..., cuda> against cpu is skipped\n");
-    return 77;
-  }
+  skip_without_device("optimizer<..., cuda> against cpu");
   try {
     adamw::hyper_params w;
     w.lr = 1e-2;

@@ -3,8 +3,10 @@
 // The layer-wise policies on the emulated device: Lamb's trust ratios and Adafactor's and
 // CAME's row and column statistics, on layouts whose matrices straddle the shard cuts,
 // give the CPU executor's bits on one rank and on d = 1..4 ranks. Their params, grads,
-// master weights and element states sit in device memory; the row and column states and
-// the statistics are still host vectors that the launches read.
+// master weights and element states sit in device memory, and the element passes are
+// launches of the layer-wise phase body (one work item per call, its sums in device
+// memory); the host merges the sums and keeps the row and column states. The last case
+// runs on the emulated device configured as distopt::cuda is (device code only).
 
 #include "executor_harness.hpp"
 #include "layerwise_cases.hpp"
@@ -29,6 +31,19 @@ BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16_params_with_master) {
 BOOST_AUTO_TEST_CASE(came_factored_statistics_bf16_states) {
   check_executor<emulated_device, distopt::came, bf16, precision<float>>({came_case()}, run_options{}, dtype::f32,
                                                                          layerwise_layouts());
+}
+
+namespace {
+/// The emulated device configured as distopt::cuda is: device code only.
+struct device_code_only : emulated_device {
+  static constexpr bool runs_host_functions = false;
+  using emulated_device::emulated_device;
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(came_on_device_code_only_bf16_params_with_master) {
+  check_executor<device_code_only, distopt::came, fp32, precision<bf16, bf16>>({came_case()}, run_options{}, dtype::bf16,
+                                                                               layerwise_layouts());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -17,7 +17,7 @@ namespace distopt::detail {
 struct no_engine {};
 
 struct layer_engine_tag {};
-template <class Policy, class State>
+template <class Policy, class State, class Exec>
 struct layer_engine;
 
 struct q8_engine_tag {};

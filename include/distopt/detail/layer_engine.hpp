@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "../comm/axis.hpp"
+#include "../engine/phases.hpp"
+#include "../exec/transfer.hpp"
 #include "../layerwise.hpp"
 #include "../layout/registry.hpp"
 #include "../memory_report.hpp"
@@ -34,10 +36,119 @@
 
 namespace distopt::detail {
 
-/// The layer-wise part of an optimizer<Policy, ...> with states of type State. Its
-/// functions take the optimizer (whose friend it is) for the buffers, plan and groups.
-template <class Policy, class State>
+/// A work item of the layer-wise element pass as a device reads it: its pieces, the
+/// geometry of its tensor, and where its statistics live in the engine's device buffers.
+struct layer_item_desc {
+  std::size_t piece_begin = 0, piece_end = 0;
+  std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
+  std::size_t tensor_offset = 0;  ///< layout index of the tensor's first element
+  std::size_t cols = 0, matrix = 0;  ///< C and R * C of each matrix (factored tensors)
+  std::size_t rows_total = 0, cols_total = 0;  ///< matrices * R and matrices * C
+  std::size_t values_at = 0;  ///< the tensor's values in the statistics mirror; then its row and column values
+  std::size_t sums_at = 0;    ///< the item's first fixed_sum (room for any phase's)
+  std::size_t cols_at = 0;    ///< the item's first column double and window exponent
+  unsigned slot_mask = 0;
+  bool factored = false;
+};
+
+/// A state slot's compact offsets, per piece (a plain array a device can read).
+struct slot_offsets {
+  std::size_t at[4] = {};
+};
+
+/// Phase P's element pass on a device executor, one work item per call (a reduction: its
+/// body adds its own statistics in its fixed order, as the host loop does), through the
+/// same layer_range. The item's exact sums and column windows are zeroed here, and the
+/// host merges them after the launch (layer_engine::reduce_layer_sums).
+template <class Policy, int P, param_mode Mode, class Param, class Grad, class State>
+struct layer_phase_body {
+  const layer_item_desc* items = nullptr;
+  std::size_t first_item = 0;
+  const shard_piece* pieces = nullptr;
+  const slot_offsets* slots = nullptr;  ///< per piece
+  const typename Policy::scalars* scalars = nullptr;  ///< per group
+  Param* params = nullptr;
+  bool params_local = false;
+  const Grad* grads = nullptr;
+  bool grads_local = false;
+  float* master = nullptr;
+  State* state[4] = {};
+  float grad_scale = 1.0f;
+  std::uint64_t key = 0;
+  std::size_t block = 1;
+  const float* stats = nullptr;  ///< the statistics mirror: each tensor's values, row and column values
+  fixed_sum* sums = nullptr;
+  double* col_acc = nullptr;
+  std::uint32_t* col_lo = nullptr;  ///< this phase's window exponents (kept from step to step)
+
+  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
+  DISTOPT_HD void operator()(std::size_t j, std::size_t, std::size_t) const {
+    constexpr phase_spec spec = Policy::phases[P];
+    const layer_item_desc& it = items[first_item + j];
+    const bool f = it.factored;
+    fixed_sum* ts = sums + it.sums_at;
+    fixed_sum* rs = ts + spec.tensor_sums;
+    fixed_sum* cs = rs + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0);
+    const std::size_t n_sums = spec.tensor_sums + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count +
+                                                          static_cast<std::size_t>(spec.col_sums) * it.col_count
+                                                    : 0);
+    for (std::size_t k = 0; k < n_sums; ++k) ts[k] = fixed_sum{};
+    const std::size_t n_cols = f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0;
+    for (std::size_t k = 0; k < n_cols; ++k) col_acc[it.cols_at + k] = 0.0;
+    column_window w{col_acc + it.cols_at, col_lo + it.cols_at, 0, column_window::none, column_window::none};
+    layer_args<Param, Grad, State> a{};
+    a.grad_scale = grad_scale;
+    a.random_key = key;
+    a.cols = it.cols;
+    a.matrix = it.matrix;
+    a.block = block;
+    a.tensor_values = stats + it.values_at;
+    const float* rv = a.tensor_values + Policy::tensor_values;
+    const float* cv = rv + static_cast<std::size_t>(Policy::row_values) * it.rows_total;
+    for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = rv + static_cast<std::size_t>(k) * it.rows_total;
+    for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = cv + static_cast<std::size_t>(k) * it.cols_total;
+    a.tensor_sums = ts;
+    a.row_sums = rs;
+    a.col_sums = cs;
+    a.window = &w;
+    a.row_first = it.row_first;
+    a.row_count = it.row_count;
+    a.col_first = it.col_first;
+    a.col_count = it.col_count;
+    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
+      const shard_piece& pc = pieces[c];
+      a.param = params + (params_local ? pc.local : pc.buffer);
+      a.grad = grads + (grads_local ? pc.local : pc.buffer);
+      a.master = master ? master + pc.local : nullptr;
+      for (int k = 0; k < Policy::max_state_slots; ++k) {
+        State* s = (it.slot_mask >> k) & 1u ? state[k] + slots[c].at[k] : nullptr;
+        a.state_out[k] = s;
+        a.state_in[k] = s;
+      }
+      a.random_base = pc.layout;
+      a.first = pc.layout - it.tensor_offset;
+      const typename Policy::scalars& sc = scalars[pc.group];
+      if (f) layer_range<Policy, P, true, Mode, Param, Grad, State, true>(sc, a, pc.count);
+      else layer_range<Policy, P, false, Mode, Param, Grad, State, true>(sc, a, pc.count);
+    }
+    if constexpr (spec.col_sums > 0)
+      if (f) fold_matrix(w, cs, static_cast<std::size_t>(spec.col_sums), it.cols, it.col_first, it.col_count);
+  }
+};
+
+/// The layer-wise part of an optimizer<Policy, ...> with states of type State on executor
+/// Exec. Its functions take the optimizer (whose friend it is) for the buffers, plan and
+/// groups. On a host executor the element pass is a host loop per work item; on a device
+/// executor it is a launch of layer_phase_body, whose items' sums are copied to the host
+/// after it. Either way the host merges the sums, reduces them over ranks and runs the
+/// policy's hooks on the row and column states (host vectors), and on a device the values
+/// the element functions read are copied back before the next launch.
+template <class Policy, class State, class Exec>
 struct layer_engine {
+  static constexpr bool on_device = !host_memory<Exec>;
+  /// Device executors: the fewest matrix rows of a factored tensor in one work item.
+  static constexpr std::size_t device_item_rows = 64;
+
   /// One tensor of the layout as the layer-wise step sees it.
   struct layer_tensor {
     bool local = false;       // this rank holds part of it
@@ -116,7 +227,17 @@ struct layer_engine {
       t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
       // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
       const std::size_t n = t.end_piece - t.first_piece;
-      const std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
+      std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
+      if constexpr (on_device)
+        if (t.factored) {
+          // A device has thousands of threads, but each item keeps exact column sums of
+          // its matrix columns (88 B each): at least device_item_rows rows an item keeps
+          // them below 88 * col_sums / 64 B per element.
+          std::size_t local = 0;
+          for (std::size_t c = t.first_piece; c < t.end_piece; ++c) local += pieces[c].count;
+          const std::size_t want = device_item_rows * t.cols;
+          per_item = std::max(per_item, local ? (n * want + local - 1) / local : n);
+        }
       for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
         layer_item it;
         it.tensor = i;
@@ -135,6 +256,7 @@ struct layer_engine {
       }
     }
     // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
+    if constexpr (on_device) init_device(o);
     bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
     for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
       for (std::size_t j = items_.size(); j-- > 0;)
@@ -273,16 +395,28 @@ struct layer_engine {
       it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
       it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
       it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
-      it.cacc.assign(it.csum.size(), 0.0);
-      std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
-      if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
-      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
+      if constexpr (!on_device) {  // a device keeps these in its own memory (init_device)
+        it.cacc.assign(it.csum.size(), 0.0);
+        std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
+        if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
+        it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
+      }
+    }
+    const typename Policy::scalars* sc_exec = nullptr;
+    if constexpr (on_device) {
+      push_values(o);
+      sc_exec = o.in_exec(sc, scalars_dev_);
     }
     const auto run = [&](std::size_t begin, std::size_t end) {
-      o.exec_.parallel_for(end - begin, [&](std::size_t j) {
-        layer_item& it = items_[begin + j];
-        run_item<P, Mode>(o, sc[static_cast<std::size_t>(o.layout_.tensors()[it.tensor].group)], grads, grad_scale, key, it);
-      });
+      if constexpr (on_device) {
+        launch_items<P, Mode>(o, sc_exec, grads, grad_scale, key, begin, end);
+      } else {
+        o.exec_.parallel_for(end - begin, [&](std::size_t j) {
+          layer_item& it = items_[begin + j];
+          run_item<P, Mode>(o, sc[static_cast<std::size_t>(o.layout_.tensors()[it.tensor].group)], grads, grad_scale,
+                            key, it);
+        });
+      }
     };
     if constexpr (last) {
       for (std::size_t k = 0; k < o.plan_.buckets().size(); ++k) {
@@ -292,7 +426,10 @@ struct layer_engine {
     } else {
       run(0, items_.size());
     }
-    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>(o);
+    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) {
+      if constexpr (on_device) pull_sums<P>(o);
+      reduce_layer_sums<P>(o);
+    }
     for (std::size_t i = 0; i < lt_.size(); ++i) {
       layer_tensor& t = lt_[i];
       if (!t.local) continue;
@@ -453,6 +590,119 @@ struct layer_engine {
       for (std::size_t k = 0; k < sums[i].size(); ++k) lt_[i].totals[k] = sums[i][k].value();
   }
 
+  /// Device executors: the item table, the slot offsets and room for every item's sums,
+  /// column doubles and window exponents, in the executor's memory.
+  template <class Opt>
+  void init_device(Opt& o) {
+    const auto tensors = o.layout_.tensors();
+    int max_ts = 0, max_rs = 0, max_cs = 0;
+    for (const phase_spec& ph : Policy::phases) {
+      max_ts = std::max(max_ts, ph.tensor_sums);
+      max_rs = std::max(max_rs, ph.row_sums);
+      max_cs = std::max(max_cs, ph.col_sums);
+    }
+    stat_at_.assign(lt_.size(), 0);
+    std::size_t stats = 0;
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      stat_at_[i] = stats;
+      stats += lt_[i].values.size() + lt_[i].row_values.size() + lt_[i].col_values.size();
+    }
+    stats_host_.assign(stats, 0.0f);
+    descs_.clear();
+    std::size_t sums = 0, cols = 0;
+    for (const layer_item& it : items_) {
+      const layer_tensor& t = lt_[it.tensor];
+      layer_item_desc d;
+      d.piece_begin = it.piece_begin;
+      d.piece_end = it.piece_end;
+      d.row_first = it.row_first;
+      d.row_count = it.row_count;
+      d.col_first = it.col_first;
+      d.col_count = it.col_count;
+      d.tensor_offset = tensors[it.tensor].offset;
+      d.cols = t.cols;
+      d.matrix = t.rows * t.cols;
+      d.rows_total = t.matrices * t.rows;
+      d.cols_total = t.matrices * t.cols;
+      d.values_at = stat_at_[it.tensor];
+      d.slot_mask = t.slot_mask;
+      d.factored = t.factored;
+      d.sums_at = sums;
+      d.cols_at = cols;
+      sums += static_cast<std::size_t>(max_ts) +
+              (t.factored ? static_cast<std::size_t>(max_rs) * it.row_count + static_cast<std::size_t>(max_cs) * it.col_count : 0);
+      cols += t.factored ? static_cast<std::size_t>(max_cs) * it.col_count : 0;
+      descs_.push_back(d);
+    }
+    std::vector<slot_offsets> offsets(slot_offset_.size());
+    for (std::size_t c = 0; c < offsets.size(); ++c)
+      for (std::size_t k = 0; k < 4; ++k) offsets[c].at[k] = slot_offset_[c][k];
+    o.in_exec(descs_, items_dev_);
+    o.in_exec(offsets, slots_dev_);
+    sums_host_.assign(sums, fixed_sum{});
+    sums_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, sums);
+    col_acc_dev_ = detail::buffer<double, Exec>(o.exec_, cols);
+    col_count_ = cols;
+    o.in_exec(std::vector<std::uint32_t>(cols * static_cast<std::size_t>(layer_phases()), column_window::unset), col_lo_dev_);
+    stats_dev_ = detail::buffer<float, Exec>(o.exec_, stats);
+  }
+
+  /// Device executors: phase P's element pass over items [begin, end), and their sums
+  /// copied into the host items (with `collect`; the caller collects once, after the last).
+  template <int P, detail::param_mode Mode, class Opt, class G>
+  void launch_items(Opt& o, const typename Policy::scalars* sc, const G* grads, float grad_scale, std::uint64_t key,
+                    std::size_t begin, std::size_t end) {
+    layer_phase_body<Policy, P, Mode, typename Opt::param_type, G, State> body;
+    body.items = items_dev_.data();
+    body.first_item = begin;
+    body.pieces = o.exec_pieces();
+    body.slots = slots_dev_.data();
+    body.scalars = sc;
+    body.params = o.params_.data();
+    body.params_local = o.shards_params();
+    body.grads = grads;
+    body.grads_local = o.template grads_local<G>();
+    body.master = o.uses_master() ? o.master_.data() : nullptr;
+    for (int k = 0; k < o.slots_; ++k) body.state[k] = o.states_[k].data();
+    body.grad_scale = grad_scale;
+    body.key = key;
+    body.block = o.layout_.block_size();
+    body.stats = stats_dev_.data();
+    body.sums = sums_dev_.data();
+    body.col_acc = col_acc_dev_.data();
+    body.col_lo = col_lo_dev_.data() + static_cast<std::size_t>(P) * col_count_;
+    detail::launch(o.exec_, end - begin, body);
+  }
+
+  /// Device executors: the values the element functions read (host vectors the hooks
+  /// wrote), copied to the statistics mirror.
+  template <class Opt>
+  void push_values(Opt& o) {
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      const layer_tensor& t = lt_[i];
+      float* out = stats_host_.data() + stat_at_[i];
+      out = std::copy(t.values.begin(), t.values.end(), out);
+      out = std::copy(t.row_values.begin(), t.row_values.end(), out);
+      std::copy(t.col_values.begin(), t.col_values.end(), out);
+    }
+    detail::copy_bytes(o.exec_, stats_dev_.data(), stats_host_.data(), stats_host_.size() * sizeof(float));
+  }
+
+  /// Device executors: every item's sums of phase P, from the device into the host items.
+  template <int P, class Opt>
+  void pull_sums(Opt& o) {
+    detail::copy_bytes(o.exec_, sums_host_.data(), sums_dev_.data(), sums_host_.size() * sizeof(fixed_sum));
+    for (std::size_t j = 0; j < items_.size(); ++j) {
+      layer_item& it = items_[j];
+      const fixed_sum* from = sums_host_.data() + descs_[j].sums_at;
+      std::copy(from, from + it.tsum.size(), it.tsum.begin());
+      from += it.tsum.size();
+      std::copy(from, from + it.rsum.size(), it.rsum.begin());
+      from += it.rsum.size();
+      std::copy(from, from + it.csum.size(), it.csum.begin());
+    }
+  }
+
   /// set_hyper: the new hyper-parameters of group `g` must not need a slot a tensor lacks.
   template <class Opt>
   void check_hyper(const Opt& o, int g, const typename Policy::hyper_params& h) const {
@@ -482,6 +732,10 @@ struct layer_engine {
     if (rows) r.entries.push_back({"state rows", rows});
     if (cols) r.entries.push_back({"state cols", cols});
     r.entries.push_back({"statistics", stats});
+    if constexpr (on_device)  // the items' sums and column windows, the values' mirror, the item table
+      r.entries.push_back({"statistics (device work)", sums_dev_.bytes() + col_acc_dev_.bytes() + col_lo_dev_.bytes() +
+                                                           stats_dev_.bytes() + items_dev_.bytes() + slots_dev_.bytes() +
+                                                           scalars_dev_.bytes()});
   }
 
   std::vector<layer_tensor> lt_;
@@ -489,6 +743,19 @@ struct layer_engine {
   std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
   std::vector<std::array<std::size_t, 4>> slot_offset_;   // per piece: offset in each compact slot buffer
   std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
+  // Device executors only (init_device).
+  std::vector<layer_item_desc> descs_;
+  std::vector<std::size_t> stat_at_;     // per tensor: its values in the statistics mirror
+  std::vector<float> stats_host_;
+  std::vector<fixed_sum> sums_host_;
+  std::size_t col_count_ = 0;            // column doubles of all items (one phase's window exponents)
+  detail::buffer<layer_item_desc, Exec> items_dev_;
+  detail::buffer<slot_offsets, Exec> slots_dev_;
+  detail::buffer<fixed_sum, Exec> sums_dev_;
+  detail::buffer<double, Exec> col_acc_dev_;
+  detail::buffer<std::uint32_t, Exec> col_lo_dev_;
+  detail::buffer<float, Exec> stats_dev_;
+  detail::buffer<typename Policy::scalars, Exec> scalars_dev_;
 };
 
 /// Marks the layer-wise engine as included (optimizer.hpp checks it with a clear message).

@@ -58,7 +58,7 @@ struct column_window {
   std::size_t matrix = none;     ///< the matrix whose columns hold values
 
   /// The lowest exponent of a window for a column whose values are about 2^(e - 127).
-  static DISTOPT_INLINE std::uint32_t window_at(std::int32_t e) noexcept {
+  DISTOPT_HD static DISTOPT_INLINE std::uint32_t window_at(std::int32_t e) noexcept {
     e = e < 1 ? 1 : e;
     e = e > 233 ? 233 : e;  // the top exponent lo + 21 <= 254: Inf and NaN (255) never fit
     return static_cast<std::uint32_t>(e) << 23;
@@ -68,7 +68,7 @@ struct column_window {
 /// Adds `m` column values to their windows; a value that does not fit is written to `rest`
 /// (every other entry of `rest` is +0). Returns nonzero if any did not fit. Branch-free
 /// integer selects, so that GCC vectorises it in every clone.
-DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc, std::uint32_t* DISTOPT_RESTRICT lo,
+DISTOPT_HD DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc, std::uint32_t* DISTOPT_RESTRICT lo,
                                             const float* DISTOPT_RESTRICT v, float* DISTOPT_RESTRICT rest,
                                             std::size_t m) {
   std::uint32_t miss = 0;
@@ -88,7 +88,7 @@ DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc, std::u
 }
 
 /// Folds `n` columns' doubles into their fixed_sums and re-centres their windows.
-inline void fold_windows(double* acc, std::uint32_t* lo, fixed_sum* sums, std::size_t n, std::size_t rows) {
+DISTOPT_HD inline void fold_windows(double* acc, std::uint32_t* lo, fixed_sum* sums, std::size_t n, std::size_t rows) {
   for (std::size_t j = 0; j < n; ++j) {
     const double x = acc[j];
     std::uint32_t l = column_window::unset;
@@ -104,7 +104,7 @@ inline void fold_windows(double* acc, std::uint32_t* lo, fixed_sum* sums, std::s
 }
 
 /// Folds the windows of the matrix whose columns hold values (all `col_stats` statistics).
-inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::size_t col_stats, std::size_t cols,
+DISTOPT_HD inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::size_t col_stats, std::size_t cols,
                         std::size_t col_first, std::size_t col_count) {
   if (w.matrix != column_window::none)
     for (std::size_t k = 0; k < col_stats; ++k) {
@@ -147,7 +147,7 @@ struct layer_args {
 /// fixed function of the values; vectorisable. Sixteen independent add chains run at the
 /// vector units' throughput rather than at one add's latency (four lanes ran at 0.22 ns per
 /// value here, sixteen at 0.09). combine_lanes (update_loop.hpp) gives the total.
-DISTOPT_INLINE void add_to_lanes(double* DISTOPT_RESTRICT lanes, const float* DISTOPT_RESTRICT v, std::size_t n) {
+DISTOPT_HD DISTOPT_INLINE void add_to_lanes(double* DISTOPT_RESTRICT lanes, const float* DISTOPT_RESTRICT v, std::size_t n) {
   std::size_t j = 0;
   for (; j + sum_lanes <= n; j += sum_lanes)
     for (std::size_t l = 0; l < sum_lanes; ++l) lanes[l] += static_cast<double>(v[j + l]);
@@ -161,8 +161,12 @@ const Enc* zero_states() {
   return zeros;
 }
 
-template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc>
-DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
+/// One phase's element pass over `n` elements of a piece, and the statistics it emits.
+/// With `Absent` (device executors), a slot the tensor does not keep has null pointers: it
+/// reads zeros and is not written (a device has no thread-local scratch to write it to).
+template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc,
+          bool Absent = false>
+DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
                                     std::size_t n) {
   constexpr phase_spec spec = Policy::phases[Phase];
   constexpr int TS = spec.tensor_sums;
@@ -182,10 +186,12 @@ DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const la
   std::size_t i = 0;
   while (i < n) {
     const std::size_t t = a.first + i;  // tensor index
-    std::size_t seg = std::min(n - i, a.block - t % a.block);
+    const std::size_t to_block = a.block - t % a.block;
+    std::size_t seg = n - i < to_block ? n - i : to_block;
     std::size_t row = 0, col = 0;
     if constexpr (Factored) {
-      seg = std::min(seg, a.cols - t % a.cols);
+      const std::size_t to_row = a.cols - t % a.cols;
+      seg = seg < to_row ? seg : to_row;
       row = t / a.cols;
       col = (t / a.matrix) * a.cols + t % a.cols;
       if constexpr (CS > 0) {
@@ -206,7 +212,7 @@ DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const la
     double tl[TS > 0 ? TS : 1][sum_lanes] = {};
     double rl[RS > 0 ? RS : 1][sum_lanes] = {};
     for (std::size_t b = i; b < i + seg; b += sub) {
-      const std::size_t m = std::min(sub, i + seg - b);
+      const std::size_t m = i + seg - b < sub ? i + seg - b : sub;
       const std::size_t c0 = col + (b - i);
       for (std::size_t jj = 0; jj < m; ++jj) {
         const std::size_t j = b + jj;
@@ -217,14 +223,14 @@ DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const la
         }
         float st[MS] = {};
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.reads_slots >> k) & 1u) st[k] = to_float(a.state_in[k][j]);
+          if ((spec.reads_slots >> k) & 1u && (!Absent || a.state_in[k])) st[k] = to_float(a.state_in[k][j]);
         float cv[CV > 0 ? CV : 1] = {};
         for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c0 + jj];
         float out[OUT > 0 ? OUT : 1] = {};
         Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
                                                   to_float(a.grad[j]) * scale, st, out);
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.writes_slots >> k) & 1u) a.state_out[k][j] = from_float<Enc>(st[k]);
+          if ((spec.writes_slots >> k) & 1u && (!Absent || a.state_out[k])) a.state_out[k][j] = from_float<Enc>(st[k]);
         if constexpr (spec.writes_param) {
           if constexpr (Mode == param_mode::master) {
             a.master[j] = value;

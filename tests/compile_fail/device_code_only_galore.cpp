@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// Expected to fail to compile with: "the GaLore engine is still a host loop".
+// An executor that runs device code only (as distopt::cuda) takes the element-wise, 8-bit
+// and layer-wise phases; GaLore, whose engine is still a host loop, is refused with a
+// message that says what runs there.
+#include <distopt/distopt.hpp>
+#include <distopt/policy/galore_adamw.hpp>
+
+struct device_code_only : distopt::emulated_device {
+  static constexpr bool runs_host_functions = false;
+};
+
+int main() {
+  distopt::layout l;
+  l.add("w", {64, 64}, distopt::dtype::f32);
+  distopt::optimizer<distopt::galore_adamw, distopt::replicated<distopt::fp32>, distopt::single, device_code_only> opt(
+      l, distopt::galore_adamw::hyper_params{});
+}
