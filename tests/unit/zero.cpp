@@ -3,11 +3,11 @@
 // ZeRO stages and the overlap hooks. sharded<E, 2> (sharded grads, full-bucket buffers
 // from a pool) and grads_ready (each bucket's reduction started as soon as its tensors are
 // ready) must not change a bit:
-//  - for one d, every rank with its own grads: stage 1 and 2, hooks on or off, in a
-//    different legal order every step (the same on every rank), give the same params,
-//    master weights, states, norms and skips;
-//  - across d, with the rank-0 trick of sharded_harness.hpp: stage 2 equals the
-//    single-rank run for d = 1..4.
+//  - for one d (1..8), every rank with its own grads: stages 1, 2 and 3, hooks on or off,
+//    in a different legal order every step (the same on every rank), give the same
+//    params, master weights, states, norms and skips;
+//  - across d, with the rank-0 trick of sharded_harness.hpp: stages 2 and 3 equal the
+//    single-rank run for d = 1..8 (5..8 in one case labelled large).
 // Misuse is refused with the tensor named, and the memory report shows the sharded grads
 // and the pool's peak.
 
@@ -42,15 +42,16 @@ outcome run_hooks(int d, const layout& l, const std::vector<typename Policy::hyp
 }
 
 
-/// For d = 1..4 and each awkward layout: stage 1 without hooks is the reference; stage 1
-/// with hooks, stages 2 and 3 with and without hooks (one or two tensors per hook call)
-/// equal it.
+/// For d = d_first..d_last (1..4 unless said) and each awkward layout: stage 1 without hooks
+/// is the reference; stage 1 with hooks, stages 2 and 3 with and without hooks (one or two
+/// tensors per hook call) equal it.
 template <class Policy, class Enc, class Prec>
-void check_stages(const std::vector<typename Policy::hyper_params>& h, hook_run hr, dtype t) {
+void check_stages(const std::vector<typename Policy::hyper_params>& h, hook_run hr, dtype t, int d_first = 1,
+                  int d_last = 4) {
   for (const layout_case& c : awkward_layouts()) {
     hr.options.bucket_elems = c.bucket;
     const layout l = make_layout(c, t, static_cast<int>(h.size()));
-    for (int d = 1; d <= 4; ++d) {
+    for (int d = d_first; d <= d_last; ++d) {
       BOOST_TEST_CONTEXT(Policy::name << " layout " << c.name << " d=" << d) {
         hook_run off = hr;
         off.hooks = false;
@@ -77,6 +78,39 @@ layout three_bf16_buckets() {
   l.add("w1", {40, 30}, dtype::bf16);
   l.add("w2", {700}, dtype::bf16);
   return l;
+}
+
+/// Across d = first..last, fp16 params with loss scaling: stage 2 equals one rank (the
+/// rank-0 trick makes the reduction exact).
+void stage_2_equals_one_rank(int first, int last) {
+  run_options ro = cases::fp16_loss_scaling();
+  for (const layout_case& c : awkward_layouts()) {
+    ro.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::f16);
+    const outcome ref = run_single<adamw, float, precision<fp16>>(l, {adamw_decayed()}, ro);
+    for (int d = first; d <= last; ++d)
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
+    check_same(run_threads<adamw, sharded<float, 2>, precision<fp16>>(d, l, {adamw_decayed()}, ro), ref);
+  }
+}
+
+/// Across d = first..last, with params gathered per layer and bf16 stochastic rounding:
+/// stage 3 with the hooks equals one rank.
+void stage_3_equals_one_rank(int first, int last) {
+  hook_run hr;
+  hr.rank0_only = true;
+  hr.hooks = true;
+  hr.layer = 2;
+  hr.options.seed = 5;
+  hr.options.master_weights = false;  // bf16 stochastic rounding, keyed by layout index
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::bf16);
+    const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(1, l, {adamw_decayed()}, hr);
+    for (int d = first; d <= last; ++d)
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
+    check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>>(d, l, {adamw_decayed()}, hr), ref);
+  }
 }
 
 }  // namespace
@@ -115,6 +149,28 @@ BOOST_AUTO_TEST_CASE(lamb_layerwise_statistics) {
   h.lr = 1e-2;
   h.weight_decay = 0.01;
   check_stages<lamb, float, precision<float>>({h}, hook_run{}, dtype::f32);
+}
+
+// d = 5..8 ranks: fp32 with clipping and a NaN step, bf16 params with grads reduced in fp32,
+// q8 states and Lamb's statistics, at every stage with the hooks in shuffled orders.
+// Labelled large: the TSan stage leaves it out (d = 1..4 run the same code concurrently).
+BOOST_AUTO_TEST_CASE(five_to_eight_ranks, *boost::unit_test::label("large")) {
+  hook_run clipped;
+  clipped.options.max_grad_norm = 1.0;
+  clipped.nan_step = 4;
+  check_stages<adamw, float, precision<float>>({adamw_decayed()}, clipped, dtype::f32, 5, 8);
+  hook_run fp32_reduce;
+  fp32_reduce.options.grad_reduce_in_fp32 = true;
+  check_stages<adam, float, precision<bf16>>({cases::adam_amsgrad()}, fp32_reduce, dtype::bf16, 5, 8);
+  hook_run small_q8;
+  small_q8.options.min_8bit_size = 256;
+  check_stages<adamw, q8, precision<float>>({adamw_decayed()}, small_q8, dtype::f32, 5, 8);
+  lamb::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  check_stages<lamb, float, precision<float>>({h}, hook_run{}, dtype::f32, 5, 8);
+  stage_2_equals_one_rank(5, 8);
+  stage_3_equals_one_rank(5, 8);
 }
 
 // On the emulated device (memory the host cannot touch outside a launch or a copy), the
@@ -162,35 +218,10 @@ BOOST_AUTO_TEST_CASE(replicated_storage_with_hooks) {
 }
 
 // Across d: the rank-0 trick makes the reduction exact, so stage 2 equals one rank.
-BOOST_AUTO_TEST_CASE(stage_2_equals_one_rank_for_every_d) {
-  run_options ro = cases::fp16_loss_scaling();
-  for (const layout_case& c : awkward_layouts()) {
-    ro.options.bucket_elems = c.bucket;
-    const layout l = make_layout(c, dtype::f16);
-    const outcome ref = run_single<adamw, float, precision<fp16>>(l, {adamw_decayed()}, ro);
-    for (int d = 1; d <= 4; ++d)
-      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
-    check_same(run_threads<adamw, sharded<float, 2>, precision<fp16>>(d, l, {adamw_decayed()}, ro), ref);
-  }
-}
+BOOST_AUTO_TEST_CASE(stage_2_equals_one_rank_for_every_d) { stage_2_equals_one_rank(1, 4); }
 
 // The rank-0 trick with params gathered per layer: stage 3 on d = 2..4 equals one rank.
-BOOST_AUTO_TEST_CASE(stage_3_equals_one_rank_for_every_d) {
-  hook_run hr;
-  hr.rank0_only = true;
-  hr.hooks = true;
-  hr.layer = 2;
-  hr.options.seed = 5;
-  hr.options.master_weights = false;  // bf16 stochastic rounding, keyed by layout index
-  for (const layout_case& c : awkward_layouts()) {
-    hr.options.bucket_elems = c.bucket;
-    const layout l = make_layout(c, dtype::bf16);
-    const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(1, l, {adamw_decayed()}, hr);
-    for (int d = 2; d <= 4; ++d)
-      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d)
-    check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>>(d, l, {adamw_decayed()}, hr), ref);
-  }
-}
+BOOST_AUTO_TEST_CASE(stage_3_equals_one_rank_for_every_d) { stage_3_equals_one_rank(2, 4); }
 
 BOOST_AUTO_TEST_SUITE_END()
 
