@@ -713,7 +713,7 @@ struct checkpoint_access {
           }
         } else if constexpr (Opt::is_layerwise) {
           if (!((o.layer_.lt_[i].slot_mask >> k) & 1u)) continue;
-          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first][static_cast<std::size_t>(k)],
+          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first].at[k],
                          t.numel, first, count, t.shape);
         } else if constexpr (Opt::projects) {
           add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);

@@ -16,6 +16,17 @@
 using namespace distopt;
 using namespace harness;
 
+namespace {
+/// The layer-wise layouts, and matrices of more than one piece (16 Ki elements) with more
+/// rows than a device work item's minimum: several items per tensor on a device, cut
+/// mid-row (600 x 40) and across matrices (3 x 300 x 40).
+std::vector<layout_case> device_item_layouts() {
+  auto v = layerwise_layouts();
+  v.push_back({"tall", {{600, 40}, {3, 300, 40}, {17}}, std::size_t{1} << 22});
+  return v;
+}
+}  // namespace
+
 BOOST_AUTO_TEST_SUITE(emulated_equals_cpu_layerwise)
 
 BOOST_AUTO_TEST_CASE(lamb_trust_ratios) {
@@ -25,7 +36,7 @@ BOOST_AUTO_TEST_CASE(lamb_trust_ratios) {
 
 BOOST_AUTO_TEST_CASE(adafactor_beta1_bf16_params_with_master) {
   check_executor<emulated_device, distopt::adafactor, fp32, precision<bf16, bf16>>(
-      {adafactor_lr_beta1()}, run_options{}, dtype::bf16, layerwise_layouts());
+      {adafactor_lr_beta1()}, run_options{}, dtype::bf16, device_item_layouts());
 }
 
 BOOST_AUTO_TEST_CASE(came_factored_statistics_bf16_states) {
@@ -43,7 +54,7 @@ struct device_code_only : emulated_device {
 
 BOOST_AUTO_TEST_CASE(came_on_device_code_only_bf16_params_with_master) {
   check_executor<device_code_only, distopt::came, fp32, precision<bf16, bf16>>({came_case()}, run_options{}, dtype::bf16,
-                                                                               layerwise_layouts());
+                                                                               device_item_layouts());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -45,13 +45,13 @@ struct layer_item_desc {
   std::size_t cols = 0, matrix = 0;  ///< C and R * C of each matrix (factored tensors)
   std::size_t rows_total = 0, cols_total = 0;  ///< matrices * R and matrices * C
   std::size_t values_at = 0;  ///< the tensor's values in the statistics mirror; then its row and column values
-  std::size_t sums_at = 0;    ///< the item's first fixed_sum (room for any phase's)
-  std::size_t cols_at = 0;    ///< the item's first column double and window exponent
+  std::size_t sums_at[4] = {};  ///< per phase: the item's first fixed_sum (each phase's sums packed)
+  std::size_t cols_at = 0;      ///< the item's first column double and window exponent
   unsigned slot_mask = 0;
   bool factored = false;
 };
 
-/// A state slot's compact offsets, per piece (a plain array a device can read).
+/// A piece's offsets in the compact state slot buffers (a plain array a device can read).
 struct slot_offsets {
   std::size_t at[4] = {};
 };
@@ -86,7 +86,7 @@ struct layer_phase_body {
     constexpr phase_spec spec = Policy::phases[P];
     const layer_item_desc& it = items[first_item + j];
     const bool f = it.factored;
-    fixed_sum* ts = sums + it.sums_at;
+    fixed_sum* ts = sums + it.sums_at[P];
     fixed_sum* rs = ts + spec.tensor_sums;
     fixed_sum* cs = rs + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0);
     const std::size_t n_sums = spec.tensor_sums + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count +
@@ -136,6 +136,13 @@ struct layer_phase_body {
   }
 };
 
+/// Calls a reduction phase's body once per item: f(j) = body(j, 0, 1), for parallel_for.
+template <class Body>
+struct one_call_per_item {
+  Body body;
+  DISTOPT_HD void operator()(std::size_t j) const { body(j, 0, 1); }
+};
+
 /// The layer-wise part of an optimizer<Policy, ...> with states of type State on executor
 /// Exec. Its functions take the optimizer (whose friend it is) for the buffers, plan and
 /// groups. On a host executor the element pass is a host loop per work item; on a device
@@ -146,8 +153,9 @@ struct layer_phase_body {
 template <class Policy, class State, class Exec>
 struct layer_engine {
   static constexpr bool on_device = !host_memory<Exec>;
-  /// Device executors: the fewest matrix rows of a factored tensor in one work item.
-  static constexpr std::size_t device_item_rows = 64;
+  /// Device executors: the fewest matrix rows of a factored tensor in one work item
+  /// (256: CAME's two column sums cost about 0.7 B per element).
+  static constexpr std::size_t device_item_rows = 256;
 
   /// One tensor of the layout as the layer-wise step sees it.
   struct layer_tensor {
@@ -204,7 +212,7 @@ struct layer_engine {
     for (std::size_t c = 0; c < pieces.size(); ++c)
       for (int k = 0; k < Policy::max_state_slots; ++k)
         if ((lt_[pieces[c].tensor].slot_mask >> k) & 1u) {
-          slot_offset_[c][static_cast<std::size_t>(k)] = size[static_cast<std::size_t>(k)];
+          slot_offset_[c].at[k] = size[static_cast<std::size_t>(k)];
           size[static_cast<std::size_t>(k)] += pieces[c].count;
         }
     for (int k = 0; k < o.slots_; ++k)
@@ -230,9 +238,10 @@ struct layer_engine {
       std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
       if constexpr (on_device)
         if (t.factored) {
-          // A device has thousands of threads, but each item keeps exact column sums of
-          // its matrix columns (88 B each): at least device_item_rows rows an item keeps
-          // them below 88 * col_sums / 64 B per element.
+          // A device has thousands of threads, but each item keeps exact sums of its
+          // matrices' columns (88 B each): items of at least device_item_rows rows keep them
+          // near 88 * col_sums / device_item_rows B per element (more when a matrix has
+          // fewer rows).
           std::size_t local = 0;
           for (std::size_t c = t.first_piece; c < t.end_piece; ++c) local += pieces[c].count;
           const std::size_t want = device_item_rows * t.cols;
@@ -255,8 +264,8 @@ struct layer_engine {
         items_.push_back(std::move(it));
       }
     }
-    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
     if constexpr (on_device) init_device(o);
+    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
     bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
     for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
       for (std::size_t j = items_.size(); j-- > 0;)
@@ -308,7 +317,7 @@ struct layer_engine {
     const layer_tensor& t = lt_[i];
     if (!t.local || !((t.slot_mask >> k) & 1u)) return {};
     return {typename Opt::template view<const State>(
-                o.states_[k].data() + slot_offset_[t.first_piece][static_cast<std::size_t>(k)], o.plan_.local_count(i)),
+                o.states_[k].data() + slot_offset_[t.first_piece].at[k], o.plan_.local_count(i)),
             o.plan_.pieces()[t.first_piece].layout - o.layout_.tensors()[i].offset};
   }
 
@@ -352,7 +361,7 @@ struct layer_engine {
       if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
       for (int k = 0; k < Policy::max_state_slots; ++k) {
         const bool kept = (t.slot_mask >> k) & 1u;
-        a.state_out[k] = kept ? o.states_[k].data() + slot_offset_[c][static_cast<std::size_t>(k)] : scratch.data();
+        a.state_out[k] = kept ? o.states_[k].data() + slot_offset_[c].at[k] : scratch.data();
         a.state_in[k] = kept ? a.state_out[k] : detail::zero_states<State, Opt::chunk_elems>();
       }
       a.grad_scale = grad_scale;
@@ -595,12 +604,9 @@ struct layer_engine {
   template <class Opt>
   void init_device(Opt& o) {
     const auto tensors = o.layout_.tensors();
-    int max_ts = 0, max_rs = 0, max_cs = 0;
-    for (const phase_spec& ph : Policy::phases) {
-      max_ts = std::max(max_ts, ph.tensor_sums);
-      max_rs = std::max(max_rs, ph.row_sums);
-      max_cs = std::max(max_cs, ph.col_sums);
-    }
+    static_assert(layer_phases() <= 4, "distopt: the device's layer-wise items keep sums for up to 4 phases");
+    int max_cs = 0;
+    for (const phase_spec& ph : Policy::phases) max_cs = std::max(max_cs, ph.col_sums);
     stat_at_.assign(lt_.size(), 0);
     std::size_t stats = 0;
     for (std::size_t i = 0; i < lt_.size(); ++i) {
@@ -609,7 +615,8 @@ struct layer_engine {
     }
     stats_host_.assign(stats, 0.0f);
     descs_.clear();
-    std::size_t sums = 0, cols = 0;
+    std::size_t cols = 0;
+    phase_sums_.assign(static_cast<std::size_t>(layer_phases()), 0);
     for (const layer_item& it : items_) {
       const layer_tensor& t = lt_[it.tensor];
       layer_item_desc d;
@@ -627,28 +634,33 @@ struct layer_engine {
       d.values_at = stat_at_[it.tensor];
       d.slot_mask = t.slot_mask;
       d.factored = t.factored;
-      d.sums_at = sums;
       d.cols_at = cols;
-      sums += static_cast<std::size_t>(max_ts) +
-              (t.factored ? static_cast<std::size_t>(max_rs) * it.row_count + static_cast<std::size_t>(max_cs) * it.col_count : 0);
+      for (int p = 0; p < layer_phases(); ++p) {
+        const phase_spec& ph = Policy::phases[static_cast<std::size_t>(p)];
+        std::size_t& at = phase_sums_[static_cast<std::size_t>(p)];
+        d.sums_at[p] = at;
+        at += static_cast<std::size_t>(ph.tensor_sums) +
+              (t.factored ? static_cast<std::size_t>(ph.row_sums) * it.row_count + static_cast<std::size_t>(ph.col_sums) * it.col_count
+                          : 0);
+      }
       cols += t.factored ? static_cast<std::size_t>(max_cs) * it.col_count : 0;
       descs_.push_back(d);
     }
-    std::vector<slot_offsets> offsets(slot_offset_.size());
-    for (std::size_t c = 0; c < offsets.size(); ++c)
-      for (std::size_t k = 0; k < 4; ++k) offsets[c].at[k] = slot_offset_[c][k];
     o.in_exec(descs_, items_dev_);
-    o.in_exec(offsets, slots_dev_);
+    o.in_exec(slot_offset_, slots_dev_);
+    const std::size_t sums = phase_sums_.empty() ? 0 : *std::max_element(phase_sums_.begin(), phase_sums_.end());
     sums_host_.assign(sums, fixed_sum{});
     sums_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, sums);
+    scalars_dev_ = detail::buffer<typename Policy::scalars, Exec>(o.exec_, o.groups_.size());
     col_acc_dev_ = detail::buffer<double, Exec>(o.exec_, cols);
     col_count_ = cols;
     o.in_exec(std::vector<std::uint32_t>(cols * static_cast<std::size_t>(layer_phases()), column_window::unset), col_lo_dev_);
     stats_dev_ = detail::buffer<float, Exec>(o.exec_, stats);
   }
 
-  /// Device executors: phase P's element pass over items [begin, end), and their sums
-  /// copied into the host items (with `collect`; the caller collects once, after the last).
+  /// Device executors: phase P's element pass over items [begin, end): one call of the body
+  /// per item, a thread each on a GPU (parallel_for; a block per item would leave all but
+  /// one of its threads idle).
   template <int P, detail::param_mode Mode, class Opt, class G>
   void launch_items(Opt& o, const typename Policy::scalars* sc, const G* grads, float grad_scale, std::uint64_t key,
                     std::size_t begin, std::size_t end) {
@@ -671,7 +683,7 @@ struct layer_engine {
     body.sums = sums_dev_.data();
     body.col_acc = col_acc_dev_.data();
     body.col_lo = col_lo_dev_.data() + static_cast<std::size_t>(P) * col_count_;
-    detail::launch(o.exec_, end - begin, body);
+    o.exec_.parallel_for(end - begin, one_call_per_item<decltype(body)>{body});
   }
 
   /// Device executors: the values the element functions read (host vectors the hooks
@@ -688,13 +700,14 @@ struct layer_engine {
     detail::copy_bytes(o.exec_, stats_dev_.data(), stats_host_.data(), stats_host_.size() * sizeof(float));
   }
 
-  /// Device executors: every item's sums of phase P, from the device into the host items.
+  /// Device executors: every item's sums of phase P (packed), from the device into the host items.
   template <int P, class Opt>
   void pull_sums(Opt& o) {
-    detail::copy_bytes(o.exec_, sums_host_.data(), sums_dev_.data(), sums_host_.size() * sizeof(fixed_sum));
+    detail::copy_bytes(o.exec_, sums_host_.data(), sums_dev_.data(),
+                       phase_sums_[static_cast<std::size_t>(P)] * sizeof(fixed_sum));
     for (std::size_t j = 0; j < items_.size(); ++j) {
       layer_item& it = items_[j];
-      const fixed_sum* from = sums_host_.data() + descs_[j].sums_at;
+      const fixed_sum* from = sums_host_.data() + descs_[j].sums_at[P];
       std::copy(from, from + it.tsum.size(), it.tsum.begin());
       from += it.tsum.size();
       std::copy(from, from + it.rsum.size(), it.rsum.begin());
@@ -736,18 +749,23 @@ struct layer_engine {
       r.entries.push_back({"statistics (device work)", sums_dev_.bytes() + col_acc_dev_.bytes() + col_lo_dev_.bytes() +
                                                            stats_dev_.bytes() + items_dev_.bytes() + slots_dev_.bytes() +
                                                            scalars_dev_.bytes()});
+    if constexpr (on_device)  // their host copies
+      r.entries.push_back({"statistics (host staging)", sums_host_.size() * sizeof(fixed_sum) +
+                                                            stats_host_.size() * sizeof(float) +
+                                                            descs_.size() * sizeof(layer_item_desc)});
   }
 
   std::vector<layer_tensor> lt_;
   std::vector<layer_item> items_;
   std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
-  std::vector<std::array<std::size_t, 4>> slot_offset_;   // per piece: offset in each compact slot buffer
+  std::vector<slot_offsets> slot_offset_;                 // per piece: offset in each compact slot buffer
   std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
   // Device executors only (init_device).
   std::vector<layer_item_desc> descs_;
   std::vector<std::size_t> stat_at_;     // per tensor: its values in the statistics mirror
   std::vector<float> stats_host_;
   std::vector<fixed_sum> sums_host_;
+  std::vector<std::size_t> phase_sums_;  // per phase: the fixed_sums of all items
   std::size_t col_count_ = 0;            // column doubles of all items (one phase's window exponents)
   detail::buffer<layer_item_desc, Exec> items_dev_;
   detail::buffer<slot_offsets, Exec> slots_dev_;

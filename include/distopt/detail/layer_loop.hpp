@@ -116,9 +116,10 @@ DISTOPT_HD inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::s
 }
 
 /// One piece's data and statistics targets for layer_range. Pointers are at the piece's
-/// first element. A state slot the tensor does not keep reads from zeros and writes to
-/// scratch (never null: a null check in the loop becomes masked vector loads from the
-/// null page in the AVX2 clone, each a slow microcode assist).
+/// first element. On the host, a state slot the tensor does not keep reads from zeros and
+/// writes to scratch (never null there: a null check in the loop becomes masked vector
+/// loads from the null page in the AVX2 clone, each a slow microcode assist); on a device
+/// (layer_range's `Absent`) its pointers are null and it is neither read nor written.
 template <class Param, class Grad, class Enc>
 struct layer_args {
   Param* param;
@@ -179,7 +180,9 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
   // The element pass writes each element's emitted values here (a run of at most `sub`
   // elements), and a second, short loop sums them: the element loop itself has no
   // reduction in it and vectorises like update_range.
-  constexpr std::size_t sub = 256;
+  // On a device, where every thread's arrays are local memory reserved for every resident
+  // thread, 32 (the same bits: lanes and column sums do not depend on it, only sub % 16 == 0).
+  constexpr std::size_t sub = DISTOPT_DEVICE_CODE ? 32 : 256;
   float emitted[OUT > 0 ? OUT : 1][sub];
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
