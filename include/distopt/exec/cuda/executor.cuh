@@ -10,10 +10,13 @@
 /// with fp32, bf16 or q8 states, replicated or sharded; fp32, bf16 and fp16 params, master
 /// weights or stochastic rounding, the exact global norm, clipping, percentile clipping,
 /// loss scaling and the NaN/Inf skip; host communicators (single, threads, mpi, any_comm),
-/// whose collectives the optimizer stages through host memory. The layer-wise and GaLore
-/// engines are host loops still (the optimizer refuses them on cuda at compile time). The
-/// element-wise step is decided on the device (engine/decisions.hpp): with `single` it
-/// makes no copy and no synchronisation, and a CUDA graph can capture it. The element
+/// whose collectives the optimizer stages through host memory. The layer-wise policies
+/// (lamb, adafactor, came) run their element passes here, a thread per work item, with
+/// their statistics merged on the host between passes (detail/layer_engine.hpp; compiled,
+/// not yet run on a GPU). GaLore's engine is a host loop still (the optimizer refuses it
+/// on cuda at compile time). The element-wise step is decided on the device
+/// (engine/decisions.hpp): with `single` it makes no copy and no synchronisation, and a
+/// CUDA graph can capture it. The element
 /// update, the 8-bit update and the exact norm have kernels of their own (phases.cuh);
 /// every other phase runs through phase_kernel. Run on an H200 (2026-11-27): bit-identical to `cpu` in
 /// tests/cuda/optimizer.cu, the figures in bench/RESULTS.md.
