@@ -80,6 +80,8 @@ if command -v compute-sanitizer > /dev/null; then
   done
   run_test "compute-sanitizer memcheck (optimizer)" "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$bundle/test_cuda_optimizer"
+  run_test "compute-sanitizer memcheck (layerwise)" "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$bundle/test_cuda_layerwise"
   # racecheck lost track of the optimizer test's kernels, launched from several host threads
   # at once ("Internal Sanitizer Error", 2026-11-27): the step's kernels under racecheck
   # through the step benchmark instead, on one thread, at a small size.
