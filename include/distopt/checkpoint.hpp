@@ -901,17 +901,17 @@ struct checkpoint_access {
     p.tp_rank = tp ? tp->rank() : 0;
     p.tp_size = tp ? tp->size() : 1;
     p.all_max = [&o, tp](std::span<double> v) {
-      o.comm_.all_reduce(v, reduce_op::max);
-      if (tp) tp->all_reduce(v, reduce_op::max);
+      o.all_reduce_host(o.comm_, v, reduce_op::max);
+      if (tp) o.all_reduce_host(*tp, v, reduce_op::max);
     };
     p.all_gather = [&o, tp](std::span<const double> mine, std::span<double> grid) {
       if (!tp) {
-        o.comm_.all_gather(mine, grid);
+        o.all_gather_host(o.comm_, mine, grid);
         return;
       }
       std::vector<double> all(grid.size() / static_cast<std::size_t>(tp->size()));
-      o.comm_.all_gather(mine, std::span<double>(all));
-      tp->all_gather(std::span<const double>(all), grid);
+      o.all_gather_host(o.comm_, mine, std::span<double>(all));
+      o.all_gather_host(*tp, std::span<const double>(all), grid);
     };
     p.scalars = [&o] { return checkpoint_scalars(o); };
     p.items = [&o] { return items(o); };

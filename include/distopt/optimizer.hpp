@@ -284,10 +284,9 @@ class optimizer {
                 "(sgd, adam, adamw, lion, custom ones, with fp32, bf16 or q8 states) and the layer-wise ones "
                 "(lamb, adafactor, came) run; the GaLore engine is still a host loop (it runs on cpu, kokkos "
                 "and emulated_device)");
-  static_assert(runs_host_functions<Exec> || !collectives_in_device_memory<Comm>,
-                "distopt::optimizer: on a device-only executor (distopt::cuda) the communicator is a host "
-                "one for now (single, threads, mpi, any_comm: buckets are staged through host memory); nccl "
-                "on cuda is not wired in yet");
+  static_assert(!collectives_in_device_memory<Comm> || !host_memory<Exec>,
+                "distopt::optimizer: a communicator of device memory (nccl) needs an executor of device "
+                "memory (distopt::cuda); on cpu and kokkos use single, threads, mpi or any_comm");
   using comm_type = Comm;
   using executor_type = Exec;
   /// The memory space the buffers live in (the executor's).
@@ -311,7 +310,12 @@ class optimizer {
     for (const auto& h : groups_) h.validate();  // none when there are no groups: checked next
     detail::check_arguments(Policy::name, layout_, dtype_of<param_type>, groups_.size(), options_, is_layerwise,
                             chunk_elems);
-    detail::check_layout_agreement(comm_, layout_, "distopt::optimizer");
+    check_same_stream(comm_, "the communicator");
+    if (comm_.size() > 1)
+      detail::check_layout_agreement(
+          static_cast<std::size_t>(comm_.size()),
+          [this](std::span<const double> in, std::span<double> out) { all_gather_host(comm_, in, out); }, layout_,
+          "distopt::optimizer");
     if (options_.loss_scale) scaler_ = loss_scaler(*options_.loss_scale);
     for (const auto& h : groups_) slots_ = std::max(slots_, Policy::state_slots(h));
 
@@ -640,6 +644,7 @@ class optimizer {
   void set_model_parallel_group(Comm group, int tp_rank) {
     if (tp_rank < 0)
       throw std::invalid_argument("distopt::optimizer: tp_rank must be >= 0, got " + std::to_string(tp_rank));
+    check_same_stream(group, "the model-parallel group");
     model_parallel_.emplace(std::move(group));
     tp_rank_ = tp_rank;
     step_skip_host_.clear();
@@ -652,6 +657,7 @@ class optimizer {
   /// contain this group). Every rank of the group must hold the same layout, with its own
   /// part's shapes. Collective over `group`.
   void set_tensor_parallel_group(Comm group) {
+    check_same_stream(group, "the tensor-parallel group");
     tp_.emplace(std::move(group));
     if (!model_parallel_) tp_rank_ = tp_->rank();
     step_skip_host_.clear();
@@ -1075,6 +1081,52 @@ class optimizer {
     }
   }
 
+  /// Collectives on host memory over group `c` (the layout and hook-order checks, the
+  /// norm and statistics wires, percentile clipping, the checkpoint's agreement): in place
+  /// with a communicator of host memory; through device scratch (wire_scratch_) with one
+  /// of device memory (nccl), which is handed nothing else.
+  void all_reduce_host(Comm& c, std::span<double> v, reduce_op op) {
+    if constexpr (collectives_in_device_memory<Comm>) {
+      const std::span<double> dev = wire_scratch(v.size());
+      detail::copy_bytes(exec_, dev.data(), v.data(), v.size_bytes());
+      {
+        [[maybe_unused]] const auto open = detail::collective_scope(exec_);
+        c.all_reduce(dev, op);
+      }
+      detail::copy_bytes(exec_, v.data(), dev.data(), v.size_bytes());
+    } else {
+      c.all_reduce(v, op);
+    }
+  }
+  void all_gather_host(Comm& c, std::span<const double> in, std::span<double> out) {
+    if constexpr (collectives_in_device_memory<Comm>) {
+      const std::span<double> dev = wire_scratch(in.size() + out.size());
+      detail::copy_bytes(exec_, dev.data(), in.data(), in.size_bytes());
+      {
+        [[maybe_unused]] const auto open = detail::collective_scope(exec_);
+        c.all_gather(std::span<const double>(dev.first(in.size())), dev.subspan(in.size()));
+      }
+      detail::copy_bytes(exec_, out.data(), dev.data() + in.size(), out.size_bytes());
+    } else {
+      c.all_gather(in, out);
+    }
+  }
+  /// `n` doubles of device scratch for all_reduce_host and all_gather_host (grown as needed).
+  std::span<double> wire_scratch(std::size_t n) {
+    if (wire_scratch_.size() < n) wire_scratch_ = detail::buffer<double, Exec>(exec_, n);
+    return wire_scratch_.span().first(n);
+  }
+
+  /// A communicator and an executor that each enqueue on a stream (nccl, cuda) must share
+  /// it: a collective then reads what the kernels before it wrote, in stream order.
+  void check_same_stream(const Comm& c, const char* which) const {
+    if constexpr (requires { { c.runs_on(exec_.stream()) } -> std::convertible_to<bool>; })
+      if (!c.runs_on(exec_.stream()))
+        throw std::invalid_argument(std::string("distopt::optimizer: ") + which +
+                                    " enqueues its collectives on another stream than the executor's kernels; "
+                                    "give both the same stream");
+  }
+
   /// Elements per work item: a multiple of every block size, large enough to amortise a
   /// dispatch, small enough to balance threads.
   static constexpr std::size_t chunk_elems = 1u << 14;
@@ -1135,7 +1187,7 @@ class optimizer {
     const auto caller = std::ranges::find(callers, std::string_view(who)) - callers.begin();
     const std::array<double, 3> mine{static_cast<double>(what), static_cast<double>(k), static_cast<double>(caller)};
     std::vector<double> all(3 * d);
-    comm_.all_gather(std::span<const double>(mine), std::span<double>(all));
+    all_gather_host(comm_, std::span<const double>(mine), std::span<double>(all));
     bool same = true;
     for (std::size_t r = 1; r < d; ++r) same = same && all[3 * r] == all[0] && all[3 * r + 1] == all[1];
     if (same) return;
@@ -1394,8 +1446,10 @@ class optimizer {
   /// Collectives on the memory of an executor that runs device code only (cuda), with a
   /// communicator of host memory: each bucket is copied to host memory, reduced or
   /// gathered there (blocking, in the communicator's own order: the same bits), and copied
-  /// back. The emulated device's collectives read its memory directly, inside a scope.
-  static constexpr bool stages_collectives = !runs_host_functions<Exec> && !host_memory<Exec>;
+  /// back. The emulated device's collectives read its memory directly, inside a scope, and
+  /// a communicator of device memory (nccl) is handed the executor's memory in place.
+  static constexpr bool stages_collectives =
+      !runs_host_functions<Exec> && !host_memory<Exec> && !collectives_in_device_memory<Comm>;
   /// `n` elements of T in host staging buffer `b` (grown as needed).
   template <class T>
   static std::span<T> staged(std::vector<std::byte>& b, std::size_t n) {
@@ -1495,9 +1549,9 @@ class optimizer {
         reduces_in_fp32() ? local_squares<float>(grads32_.data(), inv) : local_squares<grad_type>(grads_.data(), inv);
     std::array<double, detail::exact_sum::wire_size> wire{};
     total.to_wire(wire);
-    if (is_sharded && comm_.size() > 1) comm_.all_reduce(std::span<double>(wire), reduce_op::sum);
-    if (model_parallel_) model_parallel_->all_reduce(std::span<double>(wire), reduce_op::sum);
-    else if (tp_) tp_->all_reduce(std::span<double>(wire), reduce_op::sum);
+    if (is_sharded && comm_.size() > 1) all_reduce_host(comm_, wire, reduce_op::sum);
+    if (model_parallel_) all_reduce_host(*model_parallel_, wire, reduce_op::sum);
+    else if (tp_) all_reduce_host(*tp_, wire, reduce_op::sum);
     return std::sqrt(detail::exact_sum::from_wire(wire).value());
   }
 
@@ -1728,7 +1782,7 @@ class optimizer {
       std::vector<double> wire(which.size() * W);
       for (std::size_t j = 0; j < which.size(); ++j)
         sums[which[j]].to_wire(std::span<double, W>(wire.data() + j * W, W));
-      group.all_reduce(std::span<double>(wire), reduce_op::sum);
+      all_reduce_host(group, wire, reduce_op::sum);
       for (std::size_t j = 0; j < which.size(); ++j)
         sums[which[j]] = detail::exact_sum::from_wire(std::span<const double, W>(wire.data() + j * W, W));
     };
@@ -1779,6 +1833,7 @@ class optimizer {
   detail::buffer<unsigned char, Exec> step_skip_;
   detail::buffer<detail::exact_sum, Exec> step_sums_;
   std::vector<std::byte> stage_in_, stage_out_;  // host copies of a bucket (stages_collectives)
+  detail::buffer<double, Exec> wire_scratch_;    // host-memory collectives on a device communicator
   using stored_state = std::conditional_t<is_quantized, std::uint8_t, state_type>;
   std::array<detail::buffer<stored_state, Exec>, 4> states_;  // q8: the codes of 8-bit tensors
   // q8 only (detail/q8_engine.hpp): absmax, the fp32 states of small tensors, piece offsets.

@@ -30,6 +30,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if defined(__linux__)
+#include "emulated_harness.hpp"
+#endif
 #include "scratch_dir.hpp"
 #include "sharded_harness.hpp"
 
@@ -94,19 +97,20 @@ void collect_whole(Opt& opt, snapshot& out, std::mutex& m) {
   }
 }
 
-/// One run on d ranks (threads): optionally load `from` first (else initialise the params),
-/// steps [s0, s1), optionally save to `to`; returns the state at the end.
-template <class Policy, class Storage, class Prec, class Exec = cpu>
+/// One run on d ranks (threads; `Comm` is made from each rank's handle): optionally load
+/// `from` first (else initialise the params), steps [s0, s1), optionally save to `to`;
+/// returns the state at the end.
+template <class Policy, class Storage, class Prec, class Exec = cpu, class Comm = threads>
 snapshot run(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, optimizer_options o,
              int s0, int s1, const fs::path* from, const fs::path* to, double clip = 0) {
-  using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
+  using opt_t = optimizer<Policy, Storage, Comm, Exec, Prec>;
   o.grad_reduce = reduce_op::sum;
   snapshot out;
   out.base = harness::blank<opt_t>(l, Policy::state_slots(h.front()));
   std::mutex m;
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, h, o, Exec(1), std::move(comm));
+    opt_t opt(l, h, o, Exec(1), Comm(std::move(comm)));
     if (from) opt.load(*from);
     else harness::set_initial_params(opt);
     run_steps(opt, rank, s0, s1, clip);
@@ -150,20 +154,21 @@ void check_resharding(const std::string& tag, const layout& l, const std::vector
 }
 
 #if defined(__linux__)
-/// Checkpoints of device memory (the emulated device): saved there and resumed on the CPU
-/// executor, and saved on the CPU and resumed there, on other numbers of ranks, give the
-/// uninterrupted CPU run.
-template <class Policy, class Storage, class Prec = precision<float>>
+/// Checkpoints of device memory (the emulated device, its ranks' collectives by `Comm`):
+/// saved there and resumed on the CPU executor, and saved on the CPU and resumed there, on
+/// other numbers of ranks, give the uninterrupted CPU run.
+template <class Policy, class Storage, class Prec = precision<float>, class Comm = threads>
 void check_device_interchange(const std::string& tag, const layout& l,
                               const std::vector<typename Policy::hyper_params>& h, optimizer_options o, int K, int N) {
   const snapshot reference = run<Policy, Storage, Prec>(1, l, h, o, 0, K + N, nullptr, nullptr);
   for (const auto& [d, d2] : {std::pair{1, 3}, std::pair{2, 1}, std::pair{3, 2}}) {
     scratch_dir on_device(tag + "-device"), on_cpu(tag + "-cpu");
-    run<Policy, Storage, Prec, emulated_device>(d, l, h, o, 0, K, nullptr, &on_device.path);
+    run<Policy, Storage, Prec, emulated_device, Comm>(d, l, h, o, 0, K, nullptr, &on_device.path);
     BOOST_TEST((run<Policy, Storage, Prec>(d2, l, h, o, K, K + N, &on_device.path, nullptr) == reference),
                tag << ": saved on the device on " << d << " ranks, resumed on cpu on " << d2);
     run<Policy, Storage, Prec>(d, l, h, o, 0, K, nullptr, &on_cpu.path);
-    BOOST_TEST((run<Policy, Storage, Prec, emulated_device>(d2, l, h, o, K, K + N, &on_cpu.path, nullptr) == reference),
+    BOOST_TEST((run<Policy, Storage, Prec, emulated_device, Comm>(d2, l, h, o, K, K + N, &on_cpu.path, nullptr) ==
+                reference),
                tag << ": saved on cpu on " << d << " ranks, resumed on the device on " << d2);
   }
 }
@@ -339,6 +344,16 @@ BOOST_AUTO_TEST_CASE(device_memory_adafactor_beta1_bf16) {
   h.beta1 = 0.9;
   check_device_interchange<adafactor, sharded<fp32>, precision<bf16>>("device-adafactor", mixed_layout(dtype::bf16),
                                                                       {h}, {}, 3, 3);
+}
+
+// A communicator of device memory (device_threads, as nccl): the checkpoint's agreement
+// (the ranks' maxima and all-gathers) reaches it through device scratch, as the layout
+// check and the statistics wires do.
+BOOST_AUTO_TEST_CASE(device_memory_device_communicator_adafactor) {
+  adafactor::hyper_params h;
+  h.beta1 = 0.9;
+  check_device_interchange<adafactor, sharded<fp32>, precision<bf16>, harness::device_threads>(
+      "device-comm-adafactor", mixed_layout(dtype::bf16), {h}, {}, 3, 3);
 }
 #endif
 

@@ -4,6 +4,7 @@
 // device configured as distopt::cuda is (device code only, collectives staged through host
 // memory), against the CPU executor's bits.
 
+#include "emulated_harness.hpp"
 #include "executor_harness.hpp"
 
 #include <boost/test/unit_test.hpp>
@@ -12,18 +13,6 @@
 
 using namespace distopt;
 using namespace harness;
-
-namespace {
-
-/// The emulated device configured as distopt::cuda is: it runs device code only, so the
-/// optimizer takes only what runs on cuda (the element-wise phases; the host-loop engines
-/// are refused at compile time) and stages its collectives through host memory.
-struct device_code_only : emulated_device {
-  static constexpr bool runs_host_functions = false;
-  using emulated_device::emulated_device;
-};
-
-}  // namespace
 
 // The optimizer takes only what runs on cuda: the element-wise phases.
 static_assert(!runs_host_functions<device_code_only> && runs_host_functions<emulated_device>);

@@ -8,6 +8,7 @@
 // memory); the host merges the sums and keeps the row and column states. The last case
 // runs on the emulated device configured as distopt::cuda is (device code only).
 
+#include "emulated_harness.hpp"
 #include "executor_harness.hpp"
 #include "layerwise_cases.hpp"
 
@@ -43,14 +44,6 @@ BOOST_AUTO_TEST_CASE(came_factored_statistics_bf16_states) {
   check_executor<emulated_device, distopt::came, bf16, precision<float>>({came_case()}, run_options{}, dtype::f32,
                                                                          layerwise_layouts());
 }
-
-namespace {
-/// The emulated device configured as distopt::cuda is: device code only.
-struct device_code_only : emulated_device {
-  static constexpr bool runs_host_functions = false;
-  using emulated_device::emulated_device;
-};
-}  // namespace
 
 BOOST_AUTO_TEST_CASE(came_on_device_code_only_bf16_params_with_master) {
   check_executor<device_code_only, distopt::came, fp32, precision<bf16, bf16>>({came_case()}, run_options{}, dtype::bf16,

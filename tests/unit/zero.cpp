@@ -27,20 +27,6 @@ namespace {
 using namespace distopt;
 using namespace harness;
 
-template <class Policy, class Storage, class Prec, class Exec = cpu>
-outcome run_hooks(int d, const layout& l, const std::vector<typename Policy::hyper_params>& h, hook_run hr) {
-  using opt_t = optimizer<Policy, Storage, threads, Exec, Prec>;
-  hr.options.grad_reduce = reduce_op::sum;
-  outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
-  run_ranks(d, [&](threads& comm) {
-    const int rank = comm.rank();
-    opt_t opt(l, h, hr.options, make_executor<Exec>(1), std::move(comm));
-    drive_hooks(opt, rank, d, hr, rank == 0 ? &out : nullptr);
-    collect_all(opt, rank, out);
-  });
-  return out;
-}
-
 
 /// For d = d_first..d_last (1..4 unless said) and each awkward layout: stage 1 without hooks
 /// is the reference; stage 1 with hooks, stages 2 and 3 with and without hooks (one or two

@@ -124,6 +124,22 @@ void drive_hooks(Opt& opt, int rank, int d, const hook_run& hr, outcome* out) {
   }
 }
 
+/// drive_hooks on d ranks as threads (`Comm` is made from each rank's `threads` handle),
+/// with a sum reduction; what rank 0 sees and every rank's shard.
+template <class Policy, class Storage, class Prec, class Exec = distopt::cpu, class Comm = distopt::threads>
+outcome run_hooks(int d, const distopt::layout& l, const std::vector<typename Policy::hyper_params>& h, hook_run hr) {
+  using opt_t = distopt::optimizer<Policy, Storage, Comm, Exec, Prec>;
+  hr.options.grad_reduce = distopt::reduce_op::sum;
+  outcome out = blank<opt_t>(l, Policy::state_slots(h.front()));
+  distopt::run_ranks(d, [&](distopt::threads& comm) {
+    const int rank = comm.rank();
+    opt_t opt(l, h, hr.options, distopt::make_executor<Exec>(1), Comm(std::move(comm)));
+    drive_hooks(opt, rank, d, hr, rank == 0 ? &out : nullptr);
+    collect_all(opt, rank, out);
+  });
+  return out;
+}
+
 /// AdamW with decoupled weight decay: the policy most of the ZeRO tests run.
 inline distopt::adamw::hyper_params adamw_decayed() {
   distopt::adamw::hyper_params h;

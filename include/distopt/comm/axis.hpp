@@ -7,7 +7,7 @@
 ///
 ///     axis_group<Comm, dp_axis> dp{&comm};
 ///     stat_wire<tp_axis> w(n);
-///     all_reduce_stats(dp, w);   // error: no matching function
+///     all_reduce_stats(dp, w);   // error: a statistic must be reduced over the axis it belongs to
 ///
 /// Both collectives would run and return plausible numbers; only the types can tell them apart.
 
@@ -47,18 +47,26 @@ struct stat_wire {
   std::span<double> span() noexcept { return values; }
 };
 
-/// Sums `w` element-wise over the ranks of `g` (the axes must agree). A no-op on one rank.
-template <communicator Comm, class Axis>
-void all_reduce_stats(axis_group<Comm, Axis>& g, stat_wire<Axis>& w) {
-  if (g.size() > 1 && !w.values.empty()) g.comm->all_reduce(w.span(), reduce_op::sum);
-}
+namespace detail {
+/// A communicator's own all_reduce (sum) of a statistics wire in host memory.
+struct plain_all_reduce {
+  template <class Comm>
+  void operator()(Comm& c, std::span<double> v) const {
+    c.all_reduce(v, reduce_op::sum);
+  }
+};
+}  // namespace detail
 
-/// The axes differ: refused at compile time, with the reason.
-template <communicator Comm, class GroupAxis, class WireAxis>
-void all_reduce_stats(axis_group<Comm, GroupAxis>&, stat_wire<WireAxis>&) {
+/// Sums `w` element-wise over the ranks of `g`: a no-op on one rank. The axes must agree,
+/// or it does not compile. `all_reduce(comm, values)` runs the collective on the wire's
+/// host memory (the optimizer passes one that stages it through device memory for a
+/// communicator of device memory, nccl).
+template <communicator Comm, class GroupAxis, class WireAxis, class AllReduce = detail::plain_all_reduce>
+void all_reduce_stats(axis_group<Comm, GroupAxis>& g, stat_wire<WireAxis>& w, AllReduce&& all_reduce = {}) {
   static_assert(std::is_same_v<GroupAxis, WireAxis>,
                 "distopt::all_reduce_stats: a statistic must be reduced over the axis it belongs to "
                 "(tensor-parallel statistics over the TP group, data-parallel ones over the DP group)");
+  if (g.size() > 1 && !w.values.empty()) all_reduce(*g.comm, w.span());
 }
 
 }  // namespace distopt

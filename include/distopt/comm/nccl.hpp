@@ -296,6 +296,12 @@ class nccl {
   ncclComm_t comm() const noexcept { return comm_.get(); }
   /// The stream collectives are enqueued on.
   cudaStream_t stream() const noexcept { return stream_.get(); }
+  /// True when `s` is that stream (null and cudaStreamLegacy both name the legacy default
+  /// stream): the optimizer on distopt::cuda requires the executor's stream to be it.
+  bool runs_on(cudaStream_t s) const noexcept {
+    const auto named = [](cudaStream_t x) { return x ? x : cudaStreamLegacy; };
+    return named(s) == named(stream());
+  }
   /// Bytes this rank has sent since the handle was made, by the model in the class docs.
   std::size_t bytes_sent() const noexcept { return bytes_sent_; }
 

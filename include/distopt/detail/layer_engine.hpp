@@ -157,6 +157,13 @@ struct layer_engine {
   /// (256: CAME's two column sums cost about 0.7 B per element).
   static constexpr std::size_t device_item_rows = 256;
 
+  /// How the statistics wires (host memory) are summed over a group: the optimizer's
+  /// all_reduce_host, which stages them through device memory for a device communicator.
+  template <class Opt>
+  static auto host_reduce(Opt& o) {
+    return [&o](typename Opt::comm_type& c, std::span<double> v) { o.all_reduce_host(c, v, reduce_op::sum); };
+  }
+
   /// One tensor of the layout as the layer-wise step sees it.
   struct layer_tensor {
     bool local = false;       // this rank holds part of it
@@ -509,7 +516,7 @@ struct layer_engine {
       pack(wire, dp_select);
       axis_group<typename Opt::comm_type, dp_axis> dp{&o.comm_};
       stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(dp, wire);
+      all_reduce_stats(dp, wire, host_reduce(o));
       unpack(wire, dp_select);
     }
     if (o.tp_ && o.tp_->size() > 1) {
@@ -522,7 +529,7 @@ struct layer_engine {
       pack(wire, tp_select);
       axis_group<typename Opt::comm_type, tp_axis> tp{&*o.tp_};
       stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(tp, wire);
+      all_reduce_stats(tp, wire, host_reduce(o));
       unpack(wire, tp_select);
     }
     for (layer_tensor& t : lt_) {
@@ -589,7 +596,7 @@ struct layer_engine {
     if (o.tp_ && !wire.values.empty()) {
       axis_group<typename Opt::comm_type, tp_axis> tp{&*o.tp_};
       stat_bytes_ += wire.values.size() * sizeof(double);
-      all_reduce_stats(tp, wire);
+      all_reduce_stats(tp, wire, host_reduce(o));
       std::size_t n = 0;
       for (std::size_t i = 0; i < lt_.size(); ++i)
         if (lt_[i].local && lt_[i].tp_rows)

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -46,6 +47,9 @@ class device_arenas {
   void close() noexcept;
   /// Launches, copies and collectives in flight.
   int opened() const;
+  /// True when the `bytes` from `p` on lie inside one arena (a null `p` with no bytes too):
+  /// what a communicator of device memory may be handed.
+  bool contains(const void* p, std::size_t bytes) const;
   /// Counts one copy between host and device memory (copy_bytes).
   void count_copy() noexcept { copies_.fetch_add(1, std::memory_order_relaxed); }
   /// Copies so far, in the whole process: what a GPU's host thread would wait for.
@@ -104,6 +108,17 @@ DISTOPT_CORE_FN void device_arenas::close() noexcept {
 DISTOPT_CORE_FN int device_arenas::opened() const {
   const std::lock_guard<std::mutex> lock(m_);
   return open_;
+}
+
+DISTOPT_CORE_FN bool device_arenas::contains(const void* p, std::size_t bytes) const {
+  if (bytes == 0) return true;
+  const auto* b = static_cast<const std::byte*>(p);
+  const std::lock_guard<std::mutex> lock(m_);
+  for (const auto& [start, n] : arenas_) {
+    const auto* a = static_cast<const std::byte*>(start);
+    if (std::less_equal<>{}(a, b) && std::less_equal<>{}(b + bytes, a + n)) return true;
+  }
+  return false;
 }
 
 DISTOPT_CORE_FN void device_arenas::protect_all(int prot) noexcept {
