@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The run half of the GPU run, on the lent GPU machine, in one call: needs nothing but the
 # folder bench/gpu/build.sh made (it builds nothing). Runs the GPU tests (the update
-# kernels and optimizer<..., cuda> bit for bit against the CPU executor, the NCCL
-# communicator), the benchmarks (the update kernels alone, and the optimizer's whole step)
+# kernels and optimizer<..., cuda> bit for bit against the CPU executor, with threads and
+# with nccl as its communicator, the NCCL communicator alone), the benchmarks (the update kernels alone, and the optimizer's whole step)
 # with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips them), then
 # compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
 # each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
@@ -48,6 +48,7 @@ run_test() {
 run_test cuda.update 90 "$bundle/test_cuda_update"
 run_test cuda.optimizer 150 "$bundle/test_cuda_optimizer"
 run_test cuda.layerwise 120 "$bundle/test_cuda_layerwise"
+run_test cuda.nccl_optimizer 120 "$bundle/test_cuda_nccl"
 run_test nccl.one_rank_plumbing 60 "$bundle/test_nccl_comm"
 run_test nccl.multi_rank 60 "$bundle/test_nccl_multi_rank"
 
