@@ -95,21 +95,11 @@ BOOST_AUTO_TEST_CASE(zero_3_hooks_with_the_order_checked) {
   hr.options.check_hook_order = true;
   hr.nan_step = 3;
   hr.steps = 6;
-  for (const layout_case& c : awkward_layouts()) {
-    hr.options.bucket_elems = c.bucket;
-    const layout l = make_layout(c, dtype::bf16);
-    for (int d = 1; d <= 3; ++d) {
-      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d) {
-        hook_run off = hr, on = hr;
-        off.hooks = false;
-        on.hooks = true;
-        const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(d, l, {adamw_decayed()}, off);
-        check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, device_code_only, device_threads>(
-                       d, l, {adamw_decayed()}, on),
-                   ref);
-      }
-    }
-  }
+  adamw_bf16_hook_cases(hr, [](const layout& l, int d, const hook_run& on, const outcome& ref) {
+    check_same(
+        run_hooks<adamw, sharded<float, 3>, precision<bf16>, device_code_only, device_threads>(d, l, {adamw_decayed()}, on),
+        ref);
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -166,24 +166,12 @@ BOOST_AUTO_TEST_CASE(stage_2_with_hooks_on_the_emulated_device_equals_cpu) {
   hr.options.max_grad_norm = 1.0;
   hr.nan_step = 3;
   hr.steps = 8;
-  for (const layout_case& c : awkward_layouts()) {
-    hr.options.bucket_elems = c.bucket;
-    const layout l = make_layout(c, dtype::bf16);
-    for (int d = 1; d <= 3; ++d) {
-      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d) {
-        hook_run off = hr, on = hr;
-        off.hooks = false;
-        on.hooks = true;
-        const outcome ref = run_hooks<adamw, sharded<float>, precision<bf16>>(d, l, {adamw_decayed()}, off);
-        BOOST_TEST_CONTEXT("stage 2")
-        check_same(run_hooks<adamw, sharded<float, 2>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
-                    ref);
-        BOOST_TEST_CONTEXT("stage 3")
-        check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on),
-                    ref);
-      }
-    }
-  }
+  adamw_bf16_hook_cases(hr, [](const layout& l, int d, const hook_run& on, const outcome& ref) {
+    BOOST_TEST_CONTEXT("stage 2")
+    check_same(run_hooks<adamw, sharded<float, 2>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on), ref);
+    BOOST_TEST_CONTEXT("stage 3")
+    check_same(run_hooks<adamw, sharded<float, 3>, precision<bf16>, emulated_device>(d, l, {adamw_decayed()}, on), ref);
+  });
 }
 
 // Replicated storage: grads_ready starts each bucket's all-reduce; the same bits as without.

@@ -148,4 +148,24 @@ inline distopt::adamw::hyper_params adamw_decayed() {
   return h;
 }
 
+/// AdamW (adamw_decayed) with bf16 params and grads and fp32 states, on each awkward layout
+/// and d = 1..3 ranks: calls f(layout, d, hr with the hooks on, reference), the reference
+/// being stage 1 without the hooks on cpu and `threads`.
+template <class F>
+void adamw_bf16_hook_cases(hook_run hr, F&& f) {
+  using namespace distopt;
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::bf16);
+    for (int d = 1; d <= 3; ++d) {
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d) {
+        hook_run off = hr, on = hr;
+        off.hooks = false;
+        on.hooks = true;
+        f(l, d, on, run_hooks<adamw, sharded<float>, precision<bf16>>(d, l, {adamw_decayed()}, off));
+      }
+    }
+  }
+}
+
 }  // namespace harness
