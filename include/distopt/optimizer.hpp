@@ -716,8 +716,9 @@ class optimizer {
   /// Takes one optimizer step over every tensor. A NaN or Inf gradient on any rank skips
   /// the step on every rank and leaves params and states bit for bit as they were.
   /// Collective. On a device executor the step is decided on the device (engine/decisions.hpp)
-  /// and nothing is copied between host and device, unless percentile clipping is on or
-  /// the communicator stages its collectives through host memory.
+  /// and nothing is copied between host and device, unless percentile clipping is on, the
+  /// communicator stages its collectives through host memory, or (with a communicator of
+  /// device memory) check_hook_order compares each bucket's collective through a copy.
   /// No tensor may be gathered (at ZeRO-3 a gathered view would go stale; the check runs
   /// at every stage, so that a loop written for stage 1 works at 3); prefetches still in
   /// flight are dropped.
@@ -1117,14 +1118,15 @@ class optimizer {
     return wire_scratch_.span().first(n);
   }
 
-  /// A communicator and an executor that each enqueue on a stream (nccl, cuda) must share
-  /// it: a collective then reads what the kernels before it wrote, in stream order.
+  /// A communicator and an executor that each enqueue on a stream of a device (nccl, cuda)
+  /// must share both: a collective then reads what the kernels before it wrote, in stream
+  /// order, in the memory it can reach.
   void check_same_stream(const Comm& c, const char* which) const {
-    if constexpr (requires { { c.runs_on(exec_.stream()) } -> std::convertible_to<bool>; })
-      if (!c.runs_on(exec_.stream()))
+    if constexpr (requires { { c.runs_on(exec_.stream(), exec_.device()) } -> std::convertible_to<bool>; })
+      if (!c.runs_on(exec_.stream(), exec_.device()))
         throw std::invalid_argument(std::string("distopt::optimizer: ") + which +
-                                    " enqueues its collectives on another stream than the executor's kernels; "
-                                    "give both the same stream");
+                                    " enqueues its collectives on another stream or device than the executor's "
+                                    "kernels; give both the same device and stream");
   }
 
   /// Elements per work item: a multiple of every block size, large enough to amortise a
@@ -1809,8 +1811,11 @@ class optimizer {
   std::vector<hyper_params> groups_;
   optimizer_options options_;
   mutable Exec exec_;  // a handle: const reads of device memory copy through it
+  // The communicators before every buffer: a stream one owns (nccl) outlives the buffers
+  // freed on it.
   Comm comm_;
   std::optional<Comm> model_parallel_;
+  std::optional<Comm> tp_;  // the tensor-parallel group (set_tensor_parallel_group)
   int tp_rank_ = 0;
   mutable std::optional<loss_scaler> scaler_;  // on a device executor, a copy of the device's (sync_decisions)
   int slots_ = 0;
@@ -1865,7 +1870,6 @@ class optimizer {
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
   std::vector<collective_hold> param_scope_;    // ZeRO-3, per bucket: what its prefetch holds open
   std::vector<comm_request> param_pending_;     // ZeRO-3, per bucket: its prefetch in flight
-  std::optional<Comm> tp_;             // the tensor-parallel group (set_tensor_parallel_group)
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
   // Muon only (detail/muon_engine.hpp).

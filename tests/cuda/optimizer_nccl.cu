@@ -4,9 +4,10 @@
 // The buckets' collectives get the executor's memory in place, and the host-side wires
 // (the layout check, the norm and statistics wires, percentile clipping) go through the
 // optimizer's device scratch. Against optimizer<..., cpu> bit for bit, with sharded states:
-//  - one GPU: one rank (AdamW clipped with percentile clipping; CAME with bf16 params and
-//    fp32 master weights), and an executor on another stream than the communicator's,
-//    refused at construction;
+//  - one GPU: one rank (AdamW clipped inside the step, decided on the device; AdamW with
+//    clipping and percentile clipping; CAME with bf16 params and fp32 master weights), and
+//    an executor on another stream than the communicator's, refused at construction. One
+//    rank makes no collective (the optimizer skips them): plumbing only;
 //  - two or more GPUs: d = 2..4 ranks, one per GPU, threads of this process. Rank 0 writes
 //    the global grads and the others zeros, so that a sum in NCCL's order (not the ranks')
 //    is exact: NCCL does not give the same bits for every d otherwise.
@@ -80,7 +81,7 @@ void check_nccl(const std::string& what, int gpus, const std::vector<typename Po
   }
 }
 
-/// The communicator on one stream, the executor on another: refused, naming both.
+/// The communicator on one stream, the executor on another: refused at construction.
 void another_stream_is_refused() {
   ++checks;
   layout l;
@@ -96,8 +97,8 @@ void another_stream_is_refused() {
   }
   cuda_exec::check(cudaStreamDestroy(other), "cudaStreamDestroy");
   const std::string want =
-      "distopt::optimizer: the communicator enqueues its collectives on another stream than the executor's "
-      "kernels; give both the same stream";
+      "distopt::optimizer: the communicator enqueues its collectives on another stream or device than the "
+      "executor's kernels; give both the same device and stream";
   if (error != want) {
     ++failures;
     std::printf("FAILED: an executor on another stream: got \"%s\"\n", error.c_str());
@@ -113,6 +114,9 @@ int main() {
   try {
     adamw::hyper_params h;
     h.lr = 1e-2;
+    harness::run_options inside;
+    inside.options.max_grad_norm = 1.0;
+    check_nccl<adamw, fp32, precision<float>>("adamw clipped inside the step", gpus, {h}, inside);
     harness::run_options clipped;
     clipped.clip = 1.0;
     clipped.options.percentile_clipping = 5;

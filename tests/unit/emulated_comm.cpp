@@ -68,6 +68,52 @@ BOOST_AUTO_TEST_CASE(device_threads_refuses_host_memory) {
   BOOST_TEST(detail::device_arenas::instance().opened() == 0);
 }
 
+// The executor and the device communicator share a device and a stream, as cuda and nccl
+// must: another stream or another device is refused at construction, on every rank; the
+// same ones run, and the step hands the communicator its collectives (none skipped).
+BOOST_AUTO_TEST_CASE(the_communicator_shares_the_executors_stream_and_device) {
+  layout l;
+  l.add("w", {300, 40}, dtype::f32);
+  l.add("b", {40}, dtype::f32);
+  optimizer_options o;
+  o.bucket_elems = 4096;  // buckets close at a tensor's end: "w", then "b"
+  o.max_grad_norm = 1.0;
+  using opt_t = optimizer<adamw, sharded<fp32>, device_threads, streamed_device>;
+  std::array<std::string, 4> refused;  // [rank * 2 + case]
+  std::array<std::size_t, 2> at_construction{}, in_step{};
+  run_ranks(2, [&](threads& t) {
+    const int r = t.rank();
+    threads a = t.split(0, r), b = t.split(0, r);
+    const auto refusal = [&](threads&& c, int comm_stream, int comm_device) {
+      try {
+        opt_t(l, {adamw::hyper_params{}}, o, streamed_device(7, 0), device_threads(std::move(c), comm_stream, comm_device));
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+      return std::string("none");
+    };
+    refused[static_cast<std::size_t>(2 * r)] = refusal(std::move(a), 8, 0);
+    refused[static_cast<std::size_t>(2 * r + 1)] = refusal(std::move(b), 7, 1);
+    opt_t opt(l, {adamw::hyper_params{}}, o, streamed_device(7, 0), device_threads(std::move(t), 7, 0));
+    at_construction[static_cast<std::size_t>(r)] = opt.communicator().collectives();
+    for (const auto& ts : l.tensors()) {
+      const std::vector<float> g(ts.numel, 0.5f);
+      upload(opt.executor(), g, opt.grad(ts.name));
+    }
+    BOOST_TEST_REQUIRE(!opt.step().get().skipped);
+    in_step[static_cast<std::size_t>(r)] = opt.communicator().collectives() - at_construction[static_cast<std::size_t>(r)];
+  });
+  for (const std::string& e : refused)
+    BOOST_TEST(e == "distopt::optimizer: the communicator enqueues its collectives on another stream or device than "
+                    "the executor's kernels; give both the same device and stream");
+  const std::size_t buckets = detail::shard_plan(l, 2, 0, o.bucket_elems, std::size_t{1} << 14).buckets().size();
+  BOOST_TEST(buckets == 2u);
+  for (std::size_t r = 0; r < 2; ++r) {
+    BOOST_TEST(at_construction[r] == 1u);           // the layout check
+    BOOST_TEST(in_step[r] == 2 * buckets + 1);     // a reduce-scatter and an all-gather each, the norm wire
+  }
+}
+
 // Clipping (grad_norm's wire) and percentile clipping (each tensor's norm over the ranks)
 // with sharded fp32 states: the buckets' reduce-scatters and all-gathers in place.
 BOOST_AUTO_TEST_CASE(adamw_clipped_with_percentile_clipping) {
@@ -77,6 +123,43 @@ BOOST_AUTO_TEST_CASE(adamw_clipped_with_percentile_clipping) {
   ro.clip = 1.0;
   ro.options.percentile_clipping = 5;
   check_executor<device_code_only, adamw, fp32, precision<float>, device_threads>({h}, ro);
+}
+
+// Clipped inside the step, which is decided on the device: the norm wire is all-reduced
+// in place in device memory.
+BOOST_AUTO_TEST_CASE(adamw_clipped_inside_the_step) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.options.max_grad_norm = 1.0;
+  check_executor<device_code_only, adamw, fp32, precision<float>, device_threads>({h}, ro);
+}
+
+// 8-bit states with clipping and percentile clipping.
+BOOST_AUTO_TEST_CASE(q8_adamw_with_percentile_clipping) {
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  check_executor<device_code_only, adamw, q8, precision<float>, device_threads>({h}, cases::q8_percentile_clipping());
+}
+
+// Replicated states, bf16 grads all-reduced in fp32 (the i-forms, on the fp32 staging
+// bucket), on 2 and 3 ranks.
+BOOST_AUTO_TEST_CASE(replicated_bf16_grads_reduced_in_fp32) {
+  const layout_case c = awkward_layouts()[3];  // several buckets
+  const layout l = make_layout(c, dtype::bf16);
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  run_options ro;
+  ro.options.max_grad_norm = 1.0;
+  ro.options.grad_reduce_in_fp32 = true;
+  ro.options.bucket_elems = c.bucket;
+  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
+  for (int d : {2, 3})
+    BOOST_TEST_CONTEXT("d=" << d) {
+      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, device_code_only, device_threads>(
+                     d, l, {h}, ro),
+                 ref);
+    }
 }
 
 // CAME's row, column and tensor statistics, summed over the ranks whose shards a matrix

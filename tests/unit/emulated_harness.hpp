@@ -11,7 +11,10 @@
 //    ncclAllReduce on a GPU (and be read there as a device address) fails here, in CI. It
 //    opens that memory while a blocking collective runs, as NCCL reaches it; the i-forms
 //    leave that to the caller (the optimizer holds a collective scope until it waits).
-//    Otherwise it is `threads`: the same rank-order arithmetic, hence the same bits.
+//    Otherwise it is `threads`: the same rank-order arithmetic, hence the same bits. It
+//    names a stream and a device (plain numbers), as nccl does, for `streamed_device`.
+//  - `streamed_device`: device_code_only naming a stream and a device, as distopt::cuda
+//    does, so that the optimizer's check that they are the communicator's runs in CI.
 #pragma once
 
 #include <distopt/comm/threads.hpp>
@@ -31,12 +34,25 @@ struct device_code_only : distopt::emulated_device {
   using emulated_device::emulated_device;
 };
 
+struct streamed_device : device_code_only {
+  explicit streamed_device(int stream = 0, int device = 0) : device_code_only(1), stream_(stream), device_(device) {}
+  int stream() const noexcept { return stream_; }
+  int device() const noexcept { return device_; }
+
+ private:
+  int stream_, device_;
+};
+
 class device_threads {
  public:
   using communicator_concept = distopt::communicator_tag;
   static constexpr bool collectives_in_device_memory = true;
 
-  explicit device_threads(distopt::threads&& t) : t_(std::move(t)) {}
+  explicit device_threads(distopt::threads&& t, int stream = 0, int device = 0)
+      : t_(std::move(t)), stream_(stream), device_(device) {}
+
+  /// As nccl::runs_on: whether the executor's stream and device are this handle's.
+  bool runs_on(int stream, int device) const noexcept { return stream == stream_ && device == device_; }
 
   int rank() const noexcept { return t_.rank(); }
   int size() const noexcept { return t_.size(); }
@@ -96,7 +112,7 @@ class device_threads {
     return t_.ibroadcast(data, root);
   }
 
-  device_threads split(int color, int key) { return device_threads(t_.split(color, key)); }
+  device_threads split(int color, int key) { return device_threads(t_.split(color, key), stream_, device_); }
 
  private:
   template <class... Spans>
@@ -114,6 +130,7 @@ class device_threads {
   }
 
   distopt::threads t_;
+  int stream_, device_;
   std::size_t collectives_ = 0;
 };
 

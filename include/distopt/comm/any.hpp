@@ -114,9 +114,10 @@ class any_comm {
   using communicator_concept = communicator_tag;
 
   any_comm() : any_comm(single{}) {}
-  /// Takes `c` over; its collectives are this one's.
+  /// Takes `c` over; its collectives are this one's. A communicator of host memory only:
+  /// any_comm declares none of device memory, so it cannot carry nccl's contract.
   template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_comm>)
+    requires(!std::same_as<std::remove_cvref_t<C>, any_comm> && !collectives_in_device_memory<C>)
   explicit any_comm(C c) : c_(std::make_unique<detail::erased_comm_for<C>>(std::move(c))) {}
 
   any_comm(any_comm&&) noexcept = default;

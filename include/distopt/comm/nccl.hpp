@@ -296,11 +296,13 @@ class nccl {
   ncclComm_t comm() const noexcept { return comm_.get(); }
   /// The stream collectives are enqueued on.
   cudaStream_t stream() const noexcept { return stream_.get(); }
-  /// True when `s` is that stream (null and cudaStreamLegacy both name the legacy default
-  /// stream): the optimizer on distopt::cuda requires the executor's stream to be it.
-  bool runs_on(cudaStream_t s) const noexcept {
+  /// True when `s` on `device` (-1: the current one) is this handle's stream on its device
+  /// (null and cudaStreamLegacy both name the legacy default stream, one per device): the
+  /// optimizer on distopt::cuda requires the executor's stream and device to be these.
+  bool runs_on(cudaStream_t s, int device) const noexcept {
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return false;
     const auto named = [](cudaStream_t x) { return x ? x : cudaStreamLegacy; };
-    return named(s) == named(stream());
+    return device == device_ && named(s) == named(stream());
   }
   /// Bytes this rank has sent since the handle was made, by the model in the class docs.
   std::size_t bytes_sent() const noexcept { return bytes_sent_; }

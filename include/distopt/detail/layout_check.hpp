@@ -41,19 +41,12 @@ inline void hash_to_doubles(std::uint64_t h, double* out) {
 /// A communicator's all_gather of doubles, as the layout check below uses it.
 using all_gather_doubles = std::function<void(std::span<const double>, std::span<double>)>;
 
-/// The layout check of `d` > 1 ranks, through `all_gather` over them.
+/// The layout check of `d` > 1 ranks, through `all_gather` over them: throws
+/// std::invalid_argument on every rank, with the same message, when the ranks registered
+/// different layouts (names, shapes, dtypes, groups, order, block). The optimizer passes
+/// its all_gather_host, which a communicator of device memory (nccl) can take.
 DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
                                             const char* who);
-
-/// Throws std::invalid_argument on every rank, with the same message, when the ranks of
-/// `comm` registered different layouts (names, shapes, dtypes, groups, order, block).
-template <class Comm>
-void check_layout_agreement(Comm& comm, const layout& l, const char* who) {
-  const std::size_t d = static_cast<std::size_t>(comm.size());
-  if (d == 1) return;
-  check_layout_agreement(
-      d, [&comm](std::span<const double> in, std::span<double> out) { comm.all_gather(in, out); }, l, who);
-}
 
 #if DISTOPT_CORE_BODIES
 DISTOPT_CORE_FN std::string describe_tensor_shape(const tensor_slot& t, const std::vector<std::int64_t>& shape) {

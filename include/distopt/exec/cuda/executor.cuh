@@ -10,7 +10,8 @@
 /// with fp32, bf16 or q8 states, replicated or sharded; fp32, bf16 and fp16 params, master
 /// weights or stochastic rounding, the exact global norm, clipping, percentile clipping,
 /// loss scaling and the NaN/Inf skip; host communicators (single, threads, mpi, any_comm),
-/// whose collectives the optimizer stages through host memory. The layer-wise policies
+/// whose collectives the optimizer stages through host memory, and nccl on this executor's
+/// device and stream, handed the device buffers in place. The layer-wise policies
 /// (lamb, adafactor, came) run their element passes here, a thread per work item, with
 /// their statistics merged on the host between passes (detail/layer_engine.hpp; compiled,
 /// not yet run on a GPU). GaLore's engine is a host loop still (the optimizer refuses it
