@@ -145,21 +145,9 @@ BOOST_AUTO_TEST_CASE(q8_adamw_with_percentile_clipping) {
 // Replicated states, bf16 grads all-reduced in fp32 (the i-forms, on the fp32 staging
 // bucket), on 2 and 3 ranks.
 BOOST_AUTO_TEST_CASE(replicated_bf16_grads_reduced_in_fp32) {
-  const layout_case c = awkward_layouts()[3];  // several buckets
-  const layout l = make_layout(c, dtype::bf16);
-  adamw::hyper_params h;
-  h.lr = 1e-2;
   run_options ro;
   ro.options.max_grad_norm = 1.0;
-  ro.options.grad_reduce_in_fp32 = true;
-  ro.options.bucket_elems = c.bucket;
-  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
-  for (int d : {2, 3})
-    BOOST_TEST_CONTEXT("d=" << d) {
-      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, device_code_only, device_threads>(
-                     d, l, {h}, ro),
-                 ref);
-    }
+  check_replicated_bf16_reduced_in_fp32<device_code_only, device_threads>(ro);
 }
 
 // CAME's row, column and tensor statistics, summed over the ranks whose shards a matrix

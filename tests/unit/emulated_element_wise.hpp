@@ -71,17 +71,7 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(adam_fp16_dynamic_loss_scaling, Exec, element_wise
 // must reach the fp32 grads the update reads (staged through host memory on
 // device_code_only, in place on the emulated device).
 BOOST_AUTO_TEST_CASE_TEMPLATE(replicated_bf16_grads_reduced_in_fp32_over_ranks, Exec, element_wise_executors) {
-  const layout_case c = awkward_layouts()[3];  // several buckets
-  const layout l = make_layout(c, dtype::bf16);
-  adamw::hyper_params h;
-  h.lr = 1e-2;
   run_options ro;
   ro.clip = 1.0;
-  ro.options.grad_reduce_in_fp32 = true;
-  ro.options.bucket_elems = c.bucket;
-  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
-  for (int d : {2, 3})
-    BOOST_TEST_CONTEXT("d=" << d) {
-      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, Exec>(d, l, {h}, ro), ref);
-    }
+  check_replicated_bf16_reduced_in_fp32<Exec>(ro);
 }

@@ -20,7 +20,6 @@
 #include <distopt/comm/threads.hpp>
 #include <distopt/exec/emulated.hpp>
 
-#include <atomic>
 #include <cstddef>
 #include <span>
 #include <stdexcept>

@@ -53,4 +53,23 @@ void check_executor(const std::vector<typename Policy::hyper_params>& h, run_opt
     }
   }
 }
+
+/// Replicated AdamW states over d = 2 and 3 ranks, bf16 params and grads with fp32 master
+/// weights, the grads all-reduced in fp32 on an awkward layout of several buckets (`ro`
+/// says how the step clips): executor `Exec` with `Comm` against the CPU's one-rank run.
+/// The all-reduced fp32 bucket must reach the fp32 grads the update reads.
+template <class Exec, class Comm = threads>
+void check_replicated_bf16_reduced_in_fp32(run_options ro) {
+  const layout_case c = awkward_layouts()[3];  // several buckets
+  const layout l = make_layout(c, dtype::bf16);
+  adamw::hyper_params h;
+  h.lr = 1e-2;
+  ro.options.grad_reduce_in_fp32 = true;
+  ro.options.bucket_elems = c.bucket;
+  const outcome ref = run_single<adamw, fp32, precision<bf16, bf16>>(l, {h}, ro);
+  for (int d : {2, 3})
+    BOOST_TEST_CONTEXT("d=" << d) {
+      check_same(run_threads<adamw, replicated<fp32>, precision<bf16, bf16>, Exec, Comm>(d, l, {h}, ro), ref);
+    }
+}
 }  // namespace harness
