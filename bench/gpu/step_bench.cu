@@ -7,10 +7,12 @@
 // read once, written once where written; with master weights the params only written)
 // plus, with the check on, one more read of the grads. A step's time is the host's wall
 // clock around step() and a stream synchronisation, best of --repeats after a warm-up.
-// JSON lines with --json; bench/gpu/run.sh runs it beside distopt-bench-gpu-update.
+// JSON lines with --json; bench/gpu/run.sh runs it beside distopt-bench-gpu-update. Last,
+// ZeRO-Offload's step (states on the host) against the device-resident one.
 
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
+#include <distopt/exec/offload.hpp>
 #include <distopt/storage/q8.hpp>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -94,6 +97,19 @@ row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper
           check_finite ? "on" : "off", bytes, secs, static_cast<double>(l.numel())};
 }
 
+/// ZeRO-Offload (distopt/exec/offload.hpp): bf16 params and grads on the GPU, fp32 master
+/// weights and AdamW states on the host, stepped by cpu on every host thread. A step copies
+/// the grads to the host and the params back (pageable host memory) around the host update.
+double offload_seconds(const options& o, cudaStream_t stream, const distopt::adamw::hyper_params& h, int threads) {
+  using opt_t = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
+                                   distopt::offload<distopt::cuda>, distopt::precision<distopt::bf16, distopt::bf16>>;
+  opt_t opt(bench::gpt_like(o.params, distopt::dtype::bf16), h, {},
+            distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
+  const std::vector<distopt::bf16> g(opt.grads().size(), distopt::from_float<distopt::bf16>(1e-3f));
+  distopt::upload(opt.executor(), g, opt.grads());
+  return best_seconds(o.repeats, stream, [&] { opt.step(); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +165,18 @@ int main(int argc, char** argv) {
              << ",\"bytes_per_param\":" << r.bytes_per_param << ",\"ns_per_param\":" << ns << ",\"gbps\":" << gbps
              << ",\"copy_gbps\":" << copy_gbps << ",\"ratio\":" << gbps / copy_gbps << "}\n";
     }
+    // Offload against the device-resident step of the same precision (rows[1]: bf16 + master, check on).
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const double off_s = offload_seconds(o, stream, w, threads), dev_s = rows[1].seconds;
+    const double off_ns = off_s / rows[1].params * 1e9;
+    std::printf("offload (adamw bf16+master, gpt-like, states on the host, %d cpu threads): %.4f ns/param, "
+                "%.1fx the device-resident step (%.4f ns/param)\n",
+                threads, off_ns, off_s / dev_s, dev_s / rows[1].params * 1e9);
+    if (json)
+      json << "{\"bench\":\"gpu-offload-step\",\"impl\":\"distopt\",\"device\":\"" << prop.name
+           << "\",\"policy\":\"adamw\",\"model\":\"gpt-like\",\"precision\":\"bf16+master\",\"threads\":"
+           << threads << ",\"params\":" << rows[1].params << ",\"ns_per_param\":" << off_ns
+           << ",\"device_resident_ns_per_param\":" << dev_s / rows[1].params * 1e9 << "}\n";
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "distopt-bench-gpu-step: %s\n", e.what());

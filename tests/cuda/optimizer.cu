@@ -5,10 +5,13 @@
 // steps of the element-wise policies (fp32, bf16 and 8-bit states) on the awkward layouts of the unit suites (the same
 // harness, sharded_harness.hpp, writing and reading through distopt::upload/download), on
 // one rank and on d = 1..4 ranks as threads sharing the GPU (sharded states, collectives
-// staged through host memory). And a step captured into a CUDA graph, replayed.
+// staged through host memory). ZeRO-Offload (offload<cuda>: the states on the host). And a
+// step captured into a CUDA graph, replayed.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
 #include "check_cases.hpp"
+
+#include <distopt/exec/offload.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -127,6 +130,19 @@ int main() {
     q8_master.options.min_8bit_size = 256;
     check_case<lion, q8, precision<bf16, bf16>>("q8 lion, bf16 params + master", {cases::lion_decayed()}, q8_master,
                                                 dtype::bf16);
+    {  // ZeRO-Offload: params and grads on the GPU, master weights and states stepped on the host
+      run_options ro = cases::fp16_loss_scaling();
+      ro.clip = 1.0;
+      for (const harness::layout_case& c : harness::awkward_layouts()) {
+        ro.options.bucket_elems = c.bucket;
+        const layout l = harness::make_layout(c, dtype::f16);
+        const harness::outcome ref = harness::run_single<adamw, fp32, precision<fp16>>(l, {w}, ro);
+        for (int d = 1; d <= 3; ++d)
+          compare("offload<cuda> adamw fp16 + master, loss scaling, clipped, ZeRO-2, layout " + c.name +
+                      ", d=" + std::to_string(d),
+                  harness::run_threads<adamw, sharded<fp32, 2>, precision<fp16>, offload<cuda>>(d, l, {w}, ro), ref);
+      }
+    }
     graph_replay_equals_steps();
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());

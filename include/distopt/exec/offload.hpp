@@ -1,0 +1,459 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+#pragma once
+/// \file ZeRO-Offload: `optimizer<Policy, Storage, Comm, offload<Device>, Precision>` keeps
+/// the params and grads a training code reads and writes in a device executor's memory,
+/// and the master weights and optimizer states in host memory, stepped by `cpu`.
+///
+/// It is the host optimizer `optimizer<Policy, Storage, Comm, cpu, Precision>` (every
+/// policy, storage, ZeRO stage and encoding it runs, with its exact norm, clipping, loss
+/// scaling and checkpoints) plus device views of its params and grads, and copies between
+/// the two at the overlap hooks:
+///  - `grads_ready(names)` copies those tensors' grads to the host and hands them to the
+///    host optimizer's hook, so that a bucket's reduction (on the host communicator)
+///    starts while backward goes on; `step()` copies what no hook copied;
+///  - after the host step the updated params come back to the device in one copy
+///    (stages 0-2); at ZeRO-3 `gather(names)` copies the host's gathered params into a
+///    pooled device buffer per tensor and `release` hands it back;
+///  - at ZeRO-2 and ZeRO-3 a tensor's device grads are a pooled buffer lent at its first
+///    view in a step (zeroed, as the host optimizer's buckets are) and returned once
+///    copied.
+/// The results are the host optimizer's, bit for bit: the device only holds copies.
+///
+/// Writes into a device param view reach the optimizer before the first `step()` (the
+/// initial params: stages 0-2 copy every device param to the host then) and through
+/// `release(names, keep_writes)` at any stage; `load` copies the loaded params to the device.
+///
+/// The communicator is the host optimizer's: a host one (single, threads, mpi, any_comm).
+/// DeepSpeed reduces on the device first and copies 1/d of the grads; here each rank copies
+/// its whole grads to the host, which a communicator of device memory would avoid (not
+/// built yet).
+
+#include <cstddef>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../detail/buffer.hpp"
+#include "../engine/phases.hpp"
+#include "../optimizer.hpp"
+#include "cpu.hpp"
+#include "transfer.hpp"
+
+namespace distopt {
+
+/// The executor of ZeRO-Offload: `Device` (an executor of device memory: emulated_device,
+/// cuda) holds the params and grads, `cpu` steps the master weights and states. As an
+/// executor it is the device's (its memory, launches and copies); `host()` is the cpu.
+template <executor Device>
+class offload {
+  static_assert(!host_memory<Device>,
+                "distopt::offload<Device>: Device is the executor of the params and grads, one of device memory "
+                "(emulated_device, cuda); with cpu or kokkos the states are in host memory already");
+
+ public:
+  using executor_concept = executor_tag;
+  using memory_space = typename Device::memory_space;
+  using device_type = Device;
+  static constexpr bool runs_host_functions = distopt::runs_host_functions<Device>;
+
+  offload() = default;
+  /// `threads` for the cpu that steps the states, and for the device where it takes a count.
+  explicit offload(int threads) : host_(threads), device_(make_executor<Device>(threads)) {}
+  offload(cpu host, Device device) : host_(std::move(host)), device_(std::move(device)) {}
+
+  cpu& host() noexcept { return host_; }
+  Device& device() noexcept { return device_; }
+  int concurrency() const noexcept { return device_.concurrency(); }
+
+  void* allocate_bytes(std::size_t bytes) { return device_.allocate_bytes(bytes); }
+  void deallocate_bytes(void* p, std::size_t bytes) noexcept { device_.deallocate_bytes(p, bytes); }
+  template <class F>
+  void parallel_for(std::size_t n, F&& f) {
+    device_.parallel_for(n, std::forward<F>(f));
+  }
+  /// Copies between host and device memory through the device (either direction).
+  void copy_bytes(void* dst, const void* src, std::size_t n) { device_.copy_bytes(dst, src, n); }
+
+ private:
+  cpu host_;
+  Device device_;
+};
+
+namespace detail {
+
+/// Device buffers lent per tensor and kept for reuse: ZeRO-Offload's grads at stages 2
+/// and 3 and its gathered params at stage 3. A lend takes the smallest free buffer that
+/// holds it and is at most twice its size (the rule of the host optimizer's bucket pools),
+/// else makes one of its size; buffers are kept, so bytes() is the pool's peak.
+template <class Device>
+class device_pool {
+ public:
+  explicit device_pool(Device* d = nullptr) : device_(d) {}
+  void* lend(std::size_t bytes) {
+    if (auto it = free_.lower_bound(bytes); it != free_.end() && it->first / 2 <= bytes) {
+      void* p = it->second;
+      lent_.emplace(p, it->first);
+      free_.erase(it);
+      return p;
+    }
+    owned_.emplace_back(*device_, bytes);
+    lent_.emplace(owned_.back().data(), bytes);
+    return owned_.back().data();
+  }
+  void give_back(void* p) {
+    const auto it = lent_.find(p);
+    if (it == lent_.end()) return;
+    free_.emplace(it->second, p);
+    lent_.erase(it);
+  }
+  std::size_t bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& b : owned_) n += b.bytes();
+    return n;
+  }
+
+ private:
+  Device* device_;
+  std::vector<buffer<unsigned char, Device>> owned_;
+  std::multimap<std::size_t, void*> free_;  // size -> buffer
+  std::map<void*, std::size_t> lent_;       // buffer -> its size
+};
+
+}  // namespace detail
+
+/// ZeRO-Offload (see the file comment): the host optimizer on `cpu`, with the params and
+/// grads a training code sees in `Device` memory. Everything that reads or writes only
+/// the master weights and states (state views, hyper-parameters, save, step_count) is the
+/// host optimizer's, and `host()` gives it whole.
+template <class Policy, class Storage, class Comm, class Device, class Precision>
+class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
+    : private optimizer<Policy, Storage, Comm, cpu, Precision> {
+  static_assert(!collectives_in_device_memory<Comm>,
+                "distopt::offload: the grads are reduced on the host, by the host optimizer's communicator: use "
+                "single, threads, mpi or any_comm (not nccl)");
+
+ public:
+  using host_optimizer = optimizer<Policy, Storage, Comm, cpu, Precision>;
+  using typename host_optimizer::policy_type;
+  using typename host_optimizer::hyper_params;
+  using typename host_optimizer::param_type;
+  using typename host_optimizer::grad_type;
+  using typename host_optimizer::state_type;
+  using host_optimizer::is_sharded;
+  using host_optimizer::is_quantized;
+  using host_optimizer::is_layerwise;
+  using host_optimizer::projects;
+  using host_optimizer::orthogonalizes;
+  using host_optimizer::owns_matrices;
+  using host_optimizer::zero_stage;
+  using comm_type = Comm;
+  using executor_type = offload<Device>;
+  /// The memory of the params and grads (the device's); the states' views are host spans.
+  using memory_space = typename Device::memory_space;
+  template <class T>
+  using view = span_in<T, memory_space>;
+
+  /// As the host optimizer's constructors; `exec` holds the cpu and the device. Collective
+  /// with more than one rank.
+  optimizer(layout tensors, std::vector<hyper_params> groups, optimizer_options options = {},
+            offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
+      : host_optimizer(std::move(tensors), std::move(groups), std::move(options), exec.host(), std::move(comm)),
+        exec_(std::move(exec)),
+        grad_pool_(&exec_.device()),
+        param_pool_(&exec_.device()) {
+    const auto& ts = host().tensors().tensors();
+    lent_grads_.assign(ts.size(), nullptr);
+    lent_params_.assign(ts.size(), nullptr);
+    ready_.assign(ts.size(), false);
+    if constexpr (zero_stage < 3) {
+      const auto all = host().params();
+      params_ = detail::buffer<param_type, Device>(exec_.device(), all.size());
+      for (const auto& t : ts) param_at_.push_back(static_cast<std::size_t>(host().param(t.name).data() - all.data()));
+    }
+    if constexpr (zero_stage < 2) {
+      const auto all = host().grads();
+      grads_ = detail::buffer<grad_type, Device>(exec_.device(), all.size());
+      for (const auto& t : ts) grad_at_.push_back(static_cast<std::size_t>(host().grad(t.name).data() - all.data()));
+    }
+  }
+  /// One hyper-parameter group for every tensor.
+  optimizer(layout tensors, hyper_params hyper, optimizer_options options = {},
+            offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
+      : optimizer(std::move(tensors), std::vector<hyper_params>{std::move(hyper)}, std::move(options),
+                  std::move(exec), std::move(comm)) {}
+
+  /// The host optimizer: its params, grads, master weights and states in host memory.
+  host_optimizer& host() noexcept { return *this; }
+  const host_optimizer& host() const noexcept { return *this; }
+  offload<Device>& executor() noexcept { return exec_; }
+
+  using host_optimizer::tensors;
+  using host_optimizer::master;
+  using host_optimizer::local_master;
+  using host_optimizer::local_state_values;
+  using host_optimizer::state_values;
+  using host_optimizer::hyper;
+  using host_optimizer::set_hyper;
+  using host_optimizer::group_count;
+  using host_optimizer::step_count;
+  using host_optimizer::loss_scale;
+  using host_optimizer::save;
+  using host_optimizer::statistics_bytes;
+  using host_optimizer::set_model_parallel_group;
+  using host_optimizer::set_tensor_parallel_group;
+  using host_optimizer::state;
+  using host_optimizer::local_state;
+  using host_optimizer::local_state_codes;
+  using host_optimizer::local_state_absmax;
+  using host_optimizer::state_is_quantized;
+  using host_optimizer::row_state;
+  using host_optimizer::col_state;
+  using host_optimizer::projected_state;
+  using host_optimizer::projector;
+
+  /// The device params of tensor `name`. ZeRO-3: between gather and release only.
+  view<param_type> param(std::string_view name) {
+    const std::size_t i = index_of(name);
+    if constexpr (zero_stage >= 3) {
+      if (!lent_params_[i])
+        throw std::logic_error("distopt::optimizer<offload>::param('" + std::string(name) +
+                               "'): with ZeRO-3 a tensor's params exist in full only between gather and release; "
+                               "gather it first");
+      return {lent_params_[i], numel(i)};
+    } else {
+      return {params_.data() + param_at_[i], numel(i)};
+    }
+  }
+  /// The device grads of tensor `name`: write each step's gradient here before `step()` or
+  /// `grads_ready(name)`. ZeRO-2 and ZeRO-3: zero at the first view of a step, and valid
+  /// until the tensor's grads_ready (or the step).
+  view<grad_type> grad(std::string_view name) {
+    const std::size_t i = index_of(name);
+    if (ready_[i])
+      throw std::logic_error("distopt::optimizer<offload>::grad('" + std::string(name) +
+                             "'): its grads were declared ready in this step and copied to the host; write a "
+                             "tensor's grads before its grads_ready");
+    if (pushed_)
+      throw std::logic_error("distopt::optimizer<offload>::grad('" + std::string(name) +
+                             "'): this step's grads were copied to the host (reduce_grads, clip_grad_norm); the "
+                             "next step's grads are written after step()");
+    if constexpr (zero_stage >= 2) {
+      if (!lent_grads_[i]) {
+        lent_grads_[i] = static_cast<grad_type*>(grad_pool_.lend(numel(i) * sizeof(grad_type)));
+        fill_zero(lent_grads_[i], numel(i));
+      }
+      return {lent_grads_[i], numel(i)};
+    } else {
+      return {grads_.data() + grad_at_[i], numel(i)};
+    }
+  }
+  /// The whole device params buffer, laid out as the host optimizer's params(); not at ZeRO-3.
+  view<param_type> params() {
+    if constexpr (zero_stage >= 3)
+      throw std::logic_error("distopt::optimizer<offload>::params(): with ZeRO-3 the device holds gathered "
+                             "tensors only; read and write them through gather(names), param(name) and release");
+    return {params_.data(), params_.size()};
+  }
+  /// The whole device grads buffer; not at ZeRO-2 and ZeRO-3 (pooled per tensor).
+  view<grad_type> grads() {
+    if constexpr (zero_stage >= 2)
+      throw std::logic_error("distopt::optimizer<offload>::grads(): with ZeRO-2 and ZeRO-3 the device grads are "
+                             "lent per tensor; write them through grad(name)");
+    return {grads_.data(), grads_.size()};
+  }
+
+  /// Overlap hook: copies the grads of `names` to the host and declares them ready there
+  /// (the host optimizer's grads_ready: complete buckets start reducing). Naming a tensor
+  /// twice in one step throws, naming it.
+  void grads_ready(const tensor_names& names) {
+    if (pushed_)
+      throw std::logic_error("distopt::optimizer<offload>::grads_ready: this step's grads were already copied to "
+                             "the host and reduced (reduce_grads, clip_grad_norm)");
+    for (std::string_view name : names) {
+      const std::size_t i = index_of(name);
+      if (ready_[i])
+        throw std::logic_error("distopt::optimizer<offload>::grads_ready('" + std::string(name) +
+                               "'): declared ready twice in one step");
+      push_grad(i);
+      ready_[i] = true;
+      ++ready_count_;
+    }
+    host().grads_ready(names);
+    if constexpr (zero_stage >= 2)
+      for (std::string_view name : names) return_grad(index_of(name));
+  }
+  /// The full params of `names` until `release`. ZeRO-3: the host optimizer's gather, then
+  /// a copy into a pooled device buffer per tensor. Other stages: bookkeeping.
+  void gather(const tensor_names& names) {
+    for (std::string_view name : names) {
+      host().gather(name);
+      if constexpr (zero_stage >= 3) {
+        const std::size_t i = index_of(name);
+        const auto from = host().param(name);
+        lent_params_[i] = static_cast<param_type*>(param_pool_.lend(from.size_bytes()));
+        detail::copy_bytes(exec_, lent_params_[i], from.data(), from.size_bytes());
+      }
+    }
+  }
+  /// Starts the host optimizer's gathers of `names` early (ZeRO-3).
+  void prefetch(const tensor_names& names) { host().prefetch(names); }
+  /// Ends the gathers of `names`; what was written into the device params is dropped at ZeRO-3.
+  void release(const tensor_names& names) { release_names(names, false); }
+  /// As release, but what was written into the device params of `names` is copied to the
+  /// host optimizer, which keeps it (this rank's shard at ZeRO-3).
+  void release(const tensor_names& names, keep_writes_t) { release_names(names, true); }
+
+  /// Zeroes the device grads (the lent ones at ZeRO-2 and ZeRO-3) and the host optimizer's.
+  void zero_grad() {
+    host().zero_grad();
+    if constexpr (zero_stage < 2) fill_zero(grads_.data(), grads_.size());
+    else
+      for (std::size_t i = 0; i < lent_grads_.size(); ++i)
+        if (lent_grads_[i]) fill_zero(lent_grads_[i], numel(i));
+    next_step();
+  }
+  /// Copies the grads that no hook copied to the host and reduces them there.
+  void reduce_grads() {
+    push_grads();
+    host().reduce_grads();
+  }
+  /// As the host optimizer's, after copying the grads that no hook copied.
+  double clip_grad_norm(double max_norm) {
+    push_grads();
+    return host().clip_grad_norm(max_norm);
+  }
+  /// Copies the grads that no hook copied to the host (before the first step, the device
+  /// params too), steps the host optimizer, and copies the updated params to the device.
+  step_result step() {
+    if constexpr (zero_stage < 3)
+      if (!params_on_host_) copy_params(true);
+    const bool pushed = !pushed_;
+    push_grads();
+    step_result r;
+    try {
+      r = host().step();
+    } catch (...) {  // refused (a tensor gathered or not declared ready): the grads may be written again
+      if (pushed) pushed_ = false;
+      throw;
+    }
+    params_on_host_ = true;
+    if constexpr (zero_stage < 3) copy_params(false);
+    if constexpr (zero_stage >= 2)
+      for (std::size_t i = 0; i < lent_grads_.size(); ++i) return_grad(i);
+    next_step();
+    return r;
+  }
+
+  /// Loads a checkpoint into the host optimizer (as its load) and copies its params to the device.
+  template <class Dir>
+  void load(const Dir& dir) {
+    host().load(dir);
+    params_on_host_ = true;
+    if constexpr (zero_stage < 3) copy_params(false);
+  }
+
+  /// The host optimizer's report, plus the device's bytes: "device params" (stages 0-2),
+  /// "device grads" (stages 0-1), and the pools, "device grad buffers (pool)" and "device
+  /// param buffers (pool)". Entries not named "device ..." are host memory.
+  distopt::memory_report memory() const {
+    distopt::memory_report r = host().memory();
+    if (params_.bytes()) r.entries.push_back({"device params", params_.bytes()});
+    if (grads_.bytes()) r.entries.push_back({"device grads", grads_.bytes()});
+    if (grad_pool_.bytes()) r.entries.push_back({"device grad buffers (pool)", grad_pool_.bytes()});
+    if (param_pool_.bytes()) r.entries.push_back({"device param buffers (pool)", param_pool_.bytes()});
+    return r;
+  }
+  distopt::memory_report memory_report() const { return memory(); }
+
+ private:
+  std::size_t index_of(std::string_view name) const {
+    const auto& ts = host().tensors().tensors();
+    const auto& t = host().tensors().find(name);
+    return static_cast<std::size_t>(&t - ts.data());
+  }
+  std::size_t numel(std::size_t i) const { return host().tensors().tensors()[i].numel; }
+  const std::string& name_of(std::size_t i) const { return host().tensors().tensors()[i].name; }
+
+  template <class T>
+  void fill_zero(T* p, std::size_t n) {
+    detail::fill_phase<T> zero;
+    zero.n = n;
+    zero.chunk = std::size_t{1} << 14;
+    zero.data = p;
+    detail::launch(exec_.device(), zero.items(), zero);
+  }
+
+  /// Tensor i's device grads into the host optimizer's (at ZeRO-2 and ZeRO-3, a tensor
+  /// never viewed in this step has zero grads: the host's view of it is zero already).
+  void push_grad(std::size_t i) {
+    const auto to = host().grad(name_of(i));
+    const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
+    if (from) detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+  }
+  /// Every grad no hook copied, in one copy at stages 0-1 when no hook ran.
+  void push_grads() {
+    if (pushed_) return;
+    if (zero_stage < 2 && ready_count_ == 0) {
+      const auto to = host().grads();
+      detail::copy_bytes(exec_, to.data(), grads_.data(), to.size_bytes());
+    } else {
+      for (std::size_t i = 0; i < ready_.size(); ++i)
+        if (!ready_[i]) push_grad(i);
+    }
+    pushed_ = true;
+  }
+  void return_grad(std::size_t i) {
+    if (!lent_grads_[i]) return;
+    grad_pool_.give_back(lent_grads_[i]);
+    lent_grads_[i] = nullptr;
+  }
+  /// Stages 0-2: every param, device to host (`to_host`) or back, in one copy.
+  void copy_params(bool to_host) {
+    const auto h = host().params();
+    if (to_host) detail::copy_bytes(exec_, h.data(), params_.data(), h.size_bytes());
+    else detail::copy_bytes(exec_, params_.data(), h.data(), h.size_bytes());
+  }
+  void release_names(const tensor_names& names, bool keep) {
+    for (std::string_view name : names) {
+      const std::size_t i = index_of(name);
+      if (keep) {
+        const auto to = host().param(name);  // ZeRO-3: throws unless gathered
+        const param_type* from = zero_stage >= 3 ? lent_params_[i] : params_.data() + param_at_[i];
+        detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+        host().release(name, keep_writes);
+      } else {
+        host().release(name);
+      }
+      if constexpr (zero_stage >= 3) {
+        param_pool_.give_back(lent_params_[i]);
+        lent_params_[i] = nullptr;
+      }
+    }
+  }
+  void next_step() {
+    ready_.assign(ready_.size(), false);
+    ready_count_ = 0;
+    pushed_ = false;
+  }
+
+  offload<Device> exec_;
+  detail::buffer<param_type, Device> params_;  // stages 0-2: laid out as host().params()
+  detail::buffer<grad_type, Device> grads_;    // stages 0-1: laid out as host().grads()
+  std::vector<std::size_t> param_at_, grad_at_;
+  detail::device_pool<Device> grad_pool_, param_pool_;
+  std::vector<grad_type*> lent_grads_;
+  std::vector<param_type*> lent_params_;
+  std::vector<bool> ready_;
+  std::size_t ready_count_ = 0;
+  bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
+  bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
+};
+
+}  // namespace distopt

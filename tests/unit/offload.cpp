@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// ZeRO-Offload (distopt/exec/offload.hpp): params and grads in the emulated device's memory
+// (which the host cannot touch outside a launch or a copy), master weights and states on
+// the host, stepped by cpu. It must not change a bit:
+//  - at stages 1, 2 and 3, with the hooks in shuffled orders, d = 1..3 ranks as threads:
+//    equal to stage 1 on cpu without hooks (bf16 params with clipping and a NaN step, q8
+//    states, Lamb's statistics);
+//  - without hooks, initial params written only into the device views, fp16 with loss
+//    scaling and clip_grad_norm: equal to one rank on cpu;
+//  - a checkpoint saved by offload at one stage and d resumes on cpu at another, and back.
+// The copies are counted (the grads by tensor at the hooks, the params in one copy), the
+// memory report shows what lives on the device, and misuse is refused naming the tensor.
+
+#include "scratch_dir.hpp"
+#include "zero_harness.hpp"
+
+#include <distopt/checkpoint.hpp>
+#include <distopt/exec/offload.hpp>
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace distopt;
+using namespace harness;
+using dev = offload<emulated_device>;
+
+/// Stage 1 without hooks on cpu is the reference; offload at stages 1, 2 and 3 with the
+/// hooks (one or two tensors a call, shuffled) equals it, on each awkward layout, d = 1..3.
+template <class Policy, class Enc, class Prec>
+void check_offload_stages(const std::vector<typename Policy::hyper_params>& h, hook_run hr, dtype t) {
+  for (const layout_case& c : awkward_layouts()) {
+    hr.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, t, static_cast<int>(h.size()));
+    for (int d = 1; d <= 3; ++d) {
+      BOOST_TEST_CONTEXT(Policy::name << " layout " << c.name << " d=" << d) {
+        hook_run off = hr, on = hr;
+        off.hooks = false;
+        on.hooks = true;
+        const outcome ref = run_hooks<Policy, sharded<Enc>, Prec>(d, l, h, off);
+        BOOST_TEST_CONTEXT("stage 1, hooks") check_same(run_hooks<Policy, sharded<Enc>, Prec, dev>(d, l, h, on), ref);
+        on.layer = 2;
+        on.order_seed = 5;
+        BOOST_TEST_CONTEXT("stage 2, hooks by two")
+        check_same(run_hooks<Policy, sharded<Enc, 2>, Prec, dev>(d, l, h, on), ref);
+        BOOST_TEST_CONTEXT("stage 3, hooks by two")
+        check_same(run_hooks<Policy, sharded<Enc, 3>, Prec, dev>(d, l, h, on), ref);
+      }
+    }
+  }
+}
+
+/// The rank-0 trick (sharded_harness.hpp): rank 0 writes the global grads, the others zeros,
+/// for steps [first, last); initial params only when first == 0.
+template <class Opt>
+void train(Opt& opt, int rank, int first, int last) {
+  using G = typename Opt::grad_type;
+  const auto tensors = opt.tensors().tensors();
+  if (first == 0) init_params(opt);
+  for (int s = first; s < last; ++s) {
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      std::vector<G> g(tensors[t].numel);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = from_float<G>(rank == 0 ? grad_value(s, t, i) : 0.0f);
+      upload(opt.executor(), g, opt.grad(tensors[t].name));
+      opt.grads_ready(tensors[t].name);
+    }
+    opt.step();
+  }
+}
+
+/// d ranks as threads with `Storage` on executor Exec: steps [0, saved) then a save into
+/// `dir` when `save`; or a load from `dir` and steps [saved, last), collecting into `out`.
+template <class Storage, class Exec>
+void run_part(int d, const layout& l, const std::filesystem::path& dir, bool save, int saved, int last,
+              outcome* out) {
+  using opt_t = optimizer<adamw, Storage, threads, Exec, precision<bf16>>;
+  optimizer_options o;
+  o.bucket_elems = 512;
+  o.grad_reduce = reduce_op::sum;
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    opt_t opt(l, adamw_decayed(), o, make_executor<Exec>(1), std::move(comm));
+    if (save) {
+      train(opt, rank, 0, saved);
+      opt.save(dir);
+    } else {
+      opt.load(dir);
+      train(opt, rank, saved, last);
+      collect_all(opt, rank, *out);
+    }
+  });
+}
+
+/// Three bf16 tensors of 1024 elements: a bucket each with buckets of 1024.
+layout three_equal_tensors() {
+  layout l;
+  for (const char* n : {"w0", "w1", "w2"}) l.add(n, {32, 32}, dtype::bf16);
+  return l;
+}
+
+template <class Storage>
+using one_rank = optimizer<adamw, Storage, single, dev, precision<bf16>>;
+
+optimizer_options buckets_of(std::size_t n) {
+  optimizer_options o;
+  o.bucket_elems = n;
+  return o;
+}
+
+/// Copies through the emulated device while f runs.
+template <class F>
+std::size_t copies_in(F f) {
+  const std::size_t before = detail::device_arenas::instance().copies();
+  f();
+  return detail::device_arenas::instance().copies() - before;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(offload_to_the_host)
+
+BOOST_AUTO_TEST_CASE(adamw_bf16_with_clipping_and_a_nan_step) {
+  hook_run hr;
+  hr.options.max_grad_norm = 1.0;
+  hr.nan_step = 3;
+  hr.steps = 8;
+  check_offload_stages<adamw, float, precision<bf16>>({adamw_decayed()}, hr, dtype::bf16);
+}
+
+BOOST_AUTO_TEST_CASE(q8_adamw) {
+  hook_run hr;
+  hr.options.min_8bit_size = 256;
+  hr.steps = 8;
+  check_offload_stages<adamw, q8, precision<float>>({adamw_decayed()}, hr, dtype::f32);
+}
+
+BOOST_AUTO_TEST_CASE(lamb_layerwise_statistics) {
+  lamb::hyper_params h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.01;
+  hook_run hr;
+  hr.steps = 8;
+  check_offload_stages<lamb, float, precision<float>>({h}, hr, dtype::f32);
+}
+
+// No hooks: the initial params are written into the device views only (the first step
+// copies them to the host), the grads go over in one copy (stage 1) or by tensor (stage 2),
+// clip_grad_norm copies them first; fp16 params with loss scaling equal one rank on cpu.
+BOOST_AUTO_TEST_CASE(without_hooks_fp16_loss_scaling_equals_one_rank) {
+  run_options ro = cases::fp16_loss_scaling();
+  ro.clip = 1.0;
+  for (const layout_case& c : awkward_layouts()) {
+    ro.options.bucket_elems = c.bucket;
+    const layout l = make_layout(c, dtype::f16);
+    const outcome ref = run_single<adamw, float, precision<fp16>>(l, {adamw_decayed()}, ro);
+    for (int d = 1; d <= 3; ++d) {
+      BOOST_TEST_CONTEXT("layout " << c.name << " d=" << d) {
+        BOOST_TEST_CONTEXT("stage 1")
+        check_same(run_threads<adamw, sharded<float>, precision<fp16>, dev>(d, l, {adamw_decayed()}, ro), ref);
+        BOOST_TEST_CONTEXT("stage 2")
+        check_same(run_threads<adamw, sharded<float, 2>, precision<fp16>, dev>(d, l, {adamw_decayed()}, ro), ref);
+      }
+    }
+  }
+}
+
+// Saved by offload at stage 2 on 2 ranks, resumed on cpu at stage 1 on 3 ranks; saved on
+// cpu at stage 1 on 2 ranks, resumed by offload at stage 3 on 3 ranks: both equal 6 steps
+// on cpu at stage 1 on 3 ranks.
+BOOST_AUTO_TEST_CASE(checkpoints_move_between_offload_and_cpu_across_stages_and_d) {
+  const layout l = make_layout(awkward_layouts().front(), dtype::bf16);
+  using opt_t = optimizer<adamw, sharded<float>, threads, cpu, precision<bf16>>;
+  outcome ref = blank<opt_t>(l, 2), a = ref, b = ref;
+  {
+    scratch_dir dir("offload-ref");
+    run_part<sharded<float>, cpu>(3, l, dir.path, true, 0, 0, nullptr);  // an empty start
+    run_part<sharded<float>, cpu>(3, l, dir.path, false, 0, 6, &ref);
+  }
+  {
+    scratch_dir dir("offload-out");
+    run_part<sharded<float, 2>, dev>(2, l, dir.path, true, 3, 6, nullptr);
+    run_part<sharded<float>, cpu>(3, l, dir.path, false, 3, 6, &a);
+  }
+  {
+    scratch_dir dir("offload-in");
+    run_part<sharded<float>, cpu>(2, l, dir.path, true, 3, 6, nullptr);
+    run_part<sharded<float, 3>, dev>(3, l, dir.path, false, 3, 6, &b);
+  }
+  BOOST_TEST_CONTEXT("offload stage 2, d=2 -> cpu stage 1, d=3") check_same(a, ref);
+  BOOST_TEST_CONTEXT("cpu stage 1, d=2 -> offload stage 3, d=3") check_same(b, ref);
+}
+
+// What crosses between host and device: without hooks one copy of the grads and one of the
+// params a step (the first step also takes the device's initial params); with a hook per
+// tensor one copy per tensor's grads.
+BOOST_AUTO_TEST_CASE(copies_by_stage_and_hooks) {
+  const layout l = three_equal_tensors();
+  one_rank<sharded<float>> s1(l, adamw_decayed(), buckets_of(1024), dev(1));
+  BOOST_TEST(copies_in([&] { s1.step(); }) == 3u);  // params in, grads in, params out
+  BOOST_TEST(copies_in([&] { s1.step(); }) == 2u);
+  BOOST_TEST(copies_in([&] {
+               for (const char* n : {"w2", "w1", "w0"}) s1.grads_ready(n);
+               s1.step();
+             }) == 4u);
+  one_rank<sharded<float, 2>> s2(l, adamw_decayed(), buckets_of(1024), dev(1));
+  s2.step();
+  (void)s2.grad("w1");  // lent and zeroed: one copy; the others have none to copy
+  BOOST_TEST(copies_in([&] { s2.step(); }) == 2u);
+}
+
+// Params written into the device views arrive: as the first step's initial params, and
+// through release(keep_writes) later; load brings the checkpoint's params to the device.
+BOOST_AUTO_TEST_CASE(device_writes_reach_the_host_as_documented) {
+  const layout l = three_equal_tensors();
+  adamw::hyper_params h = adamw_decayed();
+  h.lr = 0.1;
+  h.weight_decay = 0.5;  // a zero-grad step scales the params by 0.95
+  one_rank<sharded<float>> opt(l, h, buckets_of(1024), dev(1));
+  const std::vector<bf16> ones(1024, bf16(1.0f)), twos(1024, bf16(2.0f));
+  upload(opt.executor(), ones, opt.param("w1"));
+  opt.step();
+  const auto host_w1 = opt.host().param("w1");
+  std::vector<bf16> dev_w1(1024);
+  download(opt.executor(), opt.param("w1"), std::span<bf16>(dev_w1));
+  BOOST_TEST(to_float(host_w1[0]) == to_float(bf16(0.95f)));
+  BOOST_TEST(std::memcmp(host_w1.data(), dev_w1.data(), host_w1.size_bytes()) == 0);
+  opt.gather("w0");
+  upload(opt.executor(), twos, opt.param("w0"));
+  opt.release("w0", keep_writes);
+  BOOST_TEST(to_float(opt.host().param("w0")[7]) == 2.0f);
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_refused_naming_the_tensor) {
+  const layout l = three_equal_tensors();
+  const auto throws_naming = [](auto f, const std::string& what) {
+    try {
+      f();
+      BOOST_ERROR("no exception; expected one naming " << what);
+    } catch (const std::exception& e) {
+      BOOST_TEST_CONTEXT(e.what()) BOOST_TEST(std::string(e.what()).find(what) != std::string::npos);
+    }
+  };
+  one_rank<sharded<float, 3>> opt(l, adamw_decayed(), buckets_of(1024), dev(1));
+  throws_naming([&] { (void)opt.param("w1"); }, "'w1'");  // not gathered
+  opt.gather("w1");
+  throws_naming([&] { opt.gather("w1"); }, "'w1'");
+  throws_naming([&] { opt.step(); }, "'w1'");  // still gathered
+  opt.release("w1");
+  throws_naming([&] { opt.release("w1"); }, "'w1'");
+  (void)opt.grad("w0");
+  opt.grads_ready("w0");
+  throws_naming([&] { opt.grads_ready("w0"); }, "'w0'");
+  throws_naming([&] { (void)opt.grad("w0"); }, "'w0'");
+  throws_naming([&] { opt.step(); }, "'w1'");  // w1 never declared ready
+  throws_naming([&] { opt.grads_ready("nope"); }, "nope");
+  opt.grads_ready({"w1", "w2"});
+  BOOST_TEST(!opt.step().skipped);
+  throws_naming([&] { (void)opt.params(); }, "ZeRO-3");
+  throws_naming([&] { (void)opt.grads(); }, "ZeRO-2");
+}
+
+// The device holds the params and grads (stage 1), or pooled buffers reused layer after
+// layer (stage 3: one tensor's bytes when one tensor is gathered at a time); the master
+// weights and states stay in the host report, equal to the host optimizer's alone.
+BOOST_AUTO_TEST_CASE(memory_report_splits_host_and_device) {
+  const layout l = three_equal_tensors();
+  one_rank<sharded<float>> s1(l, adamw_decayed(), buckets_of(1024), dev(1));
+  optimizer<adamw, sharded<float>, single, cpu, precision<bf16>> plain(l, adamw_decayed(), buckets_of(1024));
+  const memory_report r1 = s1.memory(), p = plain.memory();
+  BOOST_TEST(r1.bytes("device params") == 3 * 1024 * sizeof(bf16));
+  BOOST_TEST(r1.bytes("device grads") == 3 * 1024 * sizeof(bf16));
+  for (const auto& e : p.entries) BOOST_TEST_CONTEXT(e.category) BOOST_TEST(r1.bytes(e.category) == e.bytes);
+  BOOST_TEST(r1.total_bytes() == p.total_bytes() + 2 * 3 * 1024 * sizeof(bf16));
+
+  one_rank<sharded<float, 3>> s3(l, adamw_decayed(), buckets_of(1024), dev(1));
+  for (const char* n : {"w0", "w1", "w2"}) {
+    s3.gather(n);
+    (void)s3.grad(n);
+    s3.grads_ready(n);
+    s3.release(n);
+  }
+  s3.step();
+  const memory_report r3 = s3.memory();
+  BOOST_TEST(r3.bytes("device params") == 0u);
+  BOOST_TEST(r3.bytes("device param buffers (pool)") == 1024 * sizeof(bf16));
+  BOOST_TEST(r3.bytes("device grad buffers (pool)") == 1024 * sizeof(bf16));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
