@@ -5,13 +5,14 @@
 // in shuffled layer orders, each layer declared ready as it is written), with the rank-0
 // trick (rank 0 writes the global gradient, the others zeros: exact in MPI's order),
 // gives every rank the params of the single-rank run bit for bit, and each rank's shard of
-// the states equals the same elements of that run.
+// the states equals the same elements of that run. ZeRO-Offload too.
 
 #include "../unit/zero_harness.hpp"
 
 #include <boost/test/unit_test.hpp>
 
 #include <distopt/comm/mpi.hpp>
+#include <distopt/exec/offload.hpp>
 
 #include <cstring>
 
@@ -24,10 +25,10 @@ struct mpi_environment {
   mpi_session session;
 };
 
-template <class Storage, class Prec>
+template <class Storage, class Prec, class Exec = cpu>
 void check(const adamw::hyper_params& h, hook_run hr, dtype t) {
   using one_t = optimizer<adamw, sharded<float>, single, cpu, Prec>;
-  using opt_t = optimizer<adamw, Storage, mpi, cpu, Prec>;
+  using opt_t = optimizer<adamw, Storage, mpi, Exec, Prec>;
   hr.rank0_only = true;
   hr.options.grad_reduce = reduce_op::sum;
   for (const layout_case& c : awkward_layouts()) {
@@ -39,7 +40,7 @@ void check(const adamw::hyper_params& h, hook_run hr, dtype t) {
     collect_all(one, 0, ref);
     mpi comm(MPI_COMM_WORLD);
     const int rank = comm.rank(), d = comm.size();
-    opt_t opt(l, {h}, hr.options, cpu(1), std::move(comm));
+    opt_t opt(l, {h}, hr.options, make_executor<Exec>(1), std::move(comm));
     outcome got = blank<opt_t>(l, 2);
     drive_hooks(opt, rank, d, hr, &got);
     collect_all(opt, 0, got);  // the params in full on every rank (gathered); states: this rank's shard
@@ -79,6 +80,18 @@ BOOST_AUTO_TEST_CASE(stage_3_bf16_master_weights) {
   hr.options.check_hook_order = true;  // the ranks' gathers and reductions agree: the check passes
   check<sharded<float, 3>, precision<bf16>>(adamw_decayed(), hr, dtype::bf16);
 }
+
+#if defined(__linux__)  // the emulated device (mmap)
+// ZeRO-Offload (params and grads on the emulated device, states on the host) at stage 2:
+// the same bits as one rank on cpu.
+BOOST_AUTO_TEST_CASE(offload_stage_2_bf16_master_weights) {
+  hook_run hr;
+  hr.hooks = true;
+  hr.layer = 2;
+  hr.options.max_grad_norm = 1.0;
+  check<sharded<float, 2>, precision<bf16>, offload<emulated_device>>(adamw_decayed(), hr, dtype::bf16);
+}
+#endif
 
 // With check_hook_order, a rank that completes its buckets in another order is stopped
 // before the mismatched reduce-scatter: every process throws, naming each rank's tensor.
