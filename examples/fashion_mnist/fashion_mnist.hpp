@@ -43,6 +43,7 @@ struct config {
   int tp = 1;             // --tp: tensor-parallel ranks per data-parallel rank (threads only)
   std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
   int zero = 0;           // --zero: the ZeRO stage (1-3), with the overlap hooks; 0: not given
+  bool offload = false;   // --offload: ZeRO-Offload (params and grads on the emulated device), with --zero
   std::string backend = "cpu";   // the optimizer's executor: cpu or kokkos (one rank)
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;

@@ -41,7 +41,7 @@ constexpr const char* usage_text =
     "                             [--threads N] [--seed N]\n"
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
-    "                             [--ranks N] [--tp T] [--comm threads|mpi] [--zero 1|2|3]\n"
+    "                             [--ranks N] [--tp T] [--comm threads|mpi] [--zero 1|2|3 [--offload]]\n"
     "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
     "                             [--backend cpu|kokkos]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
@@ -99,6 +99,11 @@ constexpr const char* usage_text =
     "                  Trains bit for bit as without --zero for the same --ranks (one rank:\n"
     "                  sharded over one). Stages 2 and 3: fp32 params and states. Not for\n"
     "                  galore_adamw and muon, nor with --tp or --backend kokkos\n"
+    "  --offload       with --zero S: ZeRO-Offload, the params and grads in device memory (the\n"
+    "                  emulated device: host memory closed outside launches and copies), the\n"
+    "                  master weights and states on the host, stepped by the CPU; grads copied\n"
+    "                  to the host layer by layer as backward writes them. Trains bit for bit as\n"
+    "                  without --offload. adamw with fp32 params and states, Linux\n"
     "  --backend       the optimizer's executor: cpu (default; --threads threads) or kokkos\n"
     "                  (Kokkos's default host space, its own threads; one rank): both train\n"
     "                  bit for bit alike\n";
@@ -188,6 +193,8 @@ fmnist::config parse_args(int argc, char** argv) {
     } else if (a == "--zero") {
       cfg.zero = parse_number<int>(a, value(), 1);
       if (cfg.zero > 3) throw usage_error("--zero: the ZeRO stage is 1, 2 or 3, got " + std::to_string(cfg.zero));
+    } else if (a == "--offload") {
+      cfg.offload = true;
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -227,6 +234,15 @@ fmnist::config parse_args(int argc, char** argv) {
     if (cfg.zero >= 2 && (cfg.param_dtype != "fp32" || cfg.state != "fp32"))
       throw usage_error(stage + ": distopt-fashion-mnist builds stages 2 and 3 for fp32 params and states "
                         "(--param-dtype fp32 --state fp32); stage 1 takes every combination");
+  }
+  if (cfg.offload) {
+#if !defined(__linux__)
+    throw usage_error("--offload: needs the emulated device, built on Linux only");
+#endif
+    if (cfg.zero == 0) throw usage_error("--offload: needs --zero 1, 2 or 3 (the hooks copy each layer's grads)");
+    if (cfg.optimizer != "adamw" || cfg.param_dtype != "fp32" || cfg.state != "fp32")
+      throw usage_error("--offload: distopt-fashion-mnist builds it for --optimizer adamw with fp32 params and "
+                        "states");
   }
   if (cfg.backend == "kokkos" && (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi"))
     throw usage_error("--backend kokkos: runs one rank in distopt-fashion-mnist (no --ranks, --tp or --comm mpi)");

@@ -8,6 +8,7 @@
 // communicator in a `distopt::any_comm`, so that both run the same optimizer types.
 
 #include <distopt/distopt.hpp>
+#include <distopt/exec/offload.hpp>
 #ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif
@@ -188,6 +189,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   const dataset& data = in.data;
   const bool hooks = cfg.zero > 0;  // the overlap hooks, layer by layer
   constexpr int zero_stage = distopt::storage_zero_stage<Storage>();
+  // --offload: the params and grads in the emulated device's memory (a GPU's, in a GPU
+  // trainer), which BLAS reads and writes through host copies, as a GPU trainer's kernels
+  // would not need to; the master weights and states on the host. Always with the hooks.
+  constexpr bool offloaded = !distopt::host_memory<Exec>;
 
   std::vector<int> sizes{static_cast<int>(data.pixels)};
   sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
@@ -259,7 +264,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       for (float& w : whole) w = uniform(rng);
       const std::string& name = names[static_cast<std::size_t>(2 * l + t)];
       if (hooks) opt.gather(name);  // ZeRO-3: a full view to write into
-      std::span<Param> part = opt.param(name);
+      std::vector<Param> part(opt.param(name).size());
       const distopt::tp_split split = splits[static_cast<std::size_t>(2 * l + t)];
       const auto ut = static_cast<std::size_t>(tp_size), ur = static_cast<std::size_t>(tp_rank);
       const std::size_t part_cols = split == distopt::tp_split::cols ? cols / ut : cols;
@@ -267,6 +272,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       const std::size_t first_col = split == distopt::tp_split::cols ? ur * part_cols : 0;
       for (std::size_t i = 0; i < part.size(); ++i)
         part[i] = distopt::from_float<Param>(whole[(first_row + i / part_cols) * cols + first_col + i % part_cols]);
+      distopt::upload(opt.executor(), part, opt.param(name));  // a plain copy on cpu
       if (hooks) opt.release(name, distopt::keep_writes);  // ZeRO-3: this rank keeps its shard
     }
   }
@@ -274,18 +280,29 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   // fp32 params are read by BLAS in place; bf16 params through a float copy refreshed
   // after every step (distopt keeps the fp32 master weights the update works on). With the
   // hooks, the layer calls below hand BLAS each layer's params and grads when it runs.
-  std::vector<std::vector<float>> shadow(fp32_params ? 0 : names.size());
+  // --offload: params and grads through host copies (`shadow`, `staged`), fp32 only.
+  constexpr bool in_place = fp32_params && !offloaded;
+  std::vector<std::vector<float>> shadow(in_place ? 0 : names.size()), staged(offloaded ? names.size() : 0);
   std::vector<const float*> values(names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
-    if constexpr (fp32_params) {
+    const std::size_t numel = opt.tensors().find(names[i]).numel;
+    if constexpr (in_place) {
       if (!hooks) values[i] = opt.param(names[i]).data();
     } else {
-      shadow[i].resize(opt.param(names[i]).size());
+      shadow[i].resize(numel);
       values[i] = shadow[i].data();
     }
+    if constexpr (offloaded) staged[i].resize(numel);
   }
+  // --offload: tensor i's device params into its shadow.
+  const auto fetch_params = [&](std::size_t i) {
+    if constexpr (offloaded) distopt::download(opt.executor(), opt.param(names[i]), std::span<float>(shadow[i]));
+  };
   auto refresh_shadow = [&] {
-    if constexpr (!fp32_params)
+    if constexpr (offloaded) {
+      if constexpr (zero_stage < 3)  // stage 3: a layer's params are fetched when it is gathered
+        for (std::size_t i = 0; i < names.size(); ++i) fetch_params(i);
+    } else if constexpr (!fp32_params)
       for (std::size_t i = 0; i < names.size(); ++i) {
         auto p = opt.param(names[i]);
         std::transform(p.begin(), p.end(), shadow[i].begin(), [](Param x) { return distopt::to_float(x); });
@@ -313,7 +330,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 #endif
   };
   std::vector<linear_ref> layers;
-  if (!hooks)
+  if (!hooks && !offloaded)
     for (int l = 0; l < layer_count; ++l)
       layers.push_back({values[2 * l], values[2 * l + 1], opt.grad(names[2 * l]).data(),
                         opt.grad(names[2 * l + 1]).data()});
@@ -329,7 +346,20 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
     if (next >= 0 && next < layer_count) opt.prefetch(layer_names(next));
     const auto i = static_cast<std::size_t>(2 * l);
     linear_ref r{};
-    if constexpr (fp32_params) {
+    if constexpr (offloaded) {
+      if constexpr (zero_stage >= 3) {
+        fetch_params(i);
+        fetch_params(i + 1);
+      }
+      r.weight = shadow[i].data();
+      r.bias = shadow[i + 1].data();
+      if (backward) {
+        r.weight_grad = staged[i].data();
+        r.bias_grad = staged[i + 1].data();
+      }
+      return r;
+    }
+    if constexpr (in_place) {
       r.weight = opt.param(names[i]).data();
       r.bias = opt.param(names[i + 1]).data();
     } else {  // --zero 1 only (main refuses bf16 at stages 2 and 3): params in place, read through the copy
@@ -343,7 +373,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
     return r;
   };
   calls.release = [&](int l) { opt.release(layer_names(l)); };
-  calls.grads_written = [&](int l) { opt.grads_ready(layer_names(l)); };
+  calls.grads_written = [&](int l) {
+    if constexpr (offloaded)  // the grads BLAS wrote, into the device's views
+      for (std::size_t i = static_cast<std::size_t>(2 * l); i < static_cast<std::size_t>(2 * l + 2); ++i)
+        distopt::upload(opt.executor(), std::span<const float>(staged[i]), opt.grad(names[i]));
+    opt.grads_ready(layer_names(l));
+  };
   const layer_calls* const model_calls = hooks ? &calls : nullptr;
   // A pass without rows, on a rank whose part of a batch is empty: the model's layer calls in
   // the model's order (backward: zero grads), so that its collectives (ZeRO-3's gathers, the
@@ -354,11 +389,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       calls.release(l);
     }
     for (int l = layer_count - 1; backward && l >= 0; --l) {
-      calls.acquire(l, true);
-      for (int t = 0; t < 2; ++t) {
-        const auto g = opt.grad(names[static_cast<std::size_t>(2 * l + t)]);
-        std::fill(g.begin(), g.end(), 0.0f);
-      }
+      const linear_ref r = calls.acquire(l, true);
+      const auto i = static_cast<std::size_t>(2 * l);
+      std::fill_n(r.weight_grad, opt.tensors().find(names[i]).numel, 0.0f);
+      std::fill_n(r.bias_grad, opt.tensors().find(names[i + 1]).numel, 0.0f);
       calls.grads_written(l);
       calls.release(l);
     }
@@ -392,6 +426,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
                     : zero_stage == 2 ? "states and grads"
                                       : "states, grads and params")
                 << " sharded), hooks layer by layer";
+    if (offloaded) std::cout << "; master weights and states offloaded to the host (params and grads on the emulated device)";
     std::cout << std::endl;
   }
 
@@ -526,6 +561,18 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 /// full grads: main refuses the rest before anything starts.
 template <class Policy, class Param, class Enc, class... Args>
 history train_sharded(const config& cfg, const prepared<Policy>& in, Args&&... args) {
+  if (cfg.offload) {  // main checked: adamw, fp32, --zero S
+#if defined(__linux__)
+    if constexpr (std::is_same_v<Policy, distopt::adamw> && std::is_same_v<Param, float> &&
+                  std::is_same_v<Enc, distopt::fp32>) {
+      using device = distopt::offload<distopt::emulated_device>;
+      if (cfg.zero == 1) return train_rank<Policy, Param, distopt::sharded<Enc>, distopt::any_comm, device>(cfg, in, std::forward<Args>(args)...);
+      if (cfg.zero == 2) return train_rank<Policy, Param, distopt::sharded<Enc, 2>, distopt::any_comm, device>(cfg, in, std::forward<Args>(args)...);
+      return train_rank<Policy, Param, distopt::sharded<Enc, 3>, distopt::any_comm, device>(cfg, in, std::forward<Args>(args)...);
+    }
+#endif
+    throw usage_error("--offload: not built for this combination");
+  }
   if constexpr (std::is_same_v<Param, float> && std::is_same_v<Enc, distopt::fp32> && !has_matrix_groups<Policy>) {
     if (cfg.zero == 2) return train_rank<Policy, Param, distopt::sharded<Enc, 2>>(cfg, in, std::forward<Args>(args)...);
     if (cfg.zero == 3) return train_rank<Policy, Param, distopt::sharded<Enc, 3>>(cfg, in, std::forward<Args>(args)...);

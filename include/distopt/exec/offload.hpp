@@ -208,6 +208,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   using host_optimizer::statistics_bytes;
   using host_optimizer::set_model_parallel_group;
   using host_optimizer::set_tensor_parallel_group;
+  using host_optimizer::communicator;
   using host_optimizer::state;
   using host_optimizer::local_state;
   using host_optimizer::local_state_codes;
