@@ -10,7 +10,13 @@
 // layer is gathered before its backward and released after (the next one prefetched).
 //
 //   distopt-bench-zero [--params N] [--stage 1|2|3] [--backward-ns X] [--bucket E]
-//                      [--repeats R] [--ranks d] [--comm threads|mpi]
+//                      [--repeats R] [--ranks d] [--comm threads|mpi] [--bf16] [--offload]
+//
+// --bf16: bf16 params and grads with fp32 master weights (fp32 params without it).
+// --offload: ZeRO-Offload (distopt/exec/offload.hpp) on the emulated device, bf16 params and
+// grads with fp32 master weights; the params and grads are written through copies (a GPU
+// backward writes them in place), grads_ready and step() copy them to and from the host.
+// Rank 0's memory report (hooks on) is printed after the table, with or without --offload.
 //
 // For each mode (hooks off, on) it prints rank 0's median over --repeats iterations of
 // the backward time, the step() time and their sum, and "exposed": the sum minus the same
@@ -22,10 +28,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <distopt/exec/offload.hpp>
+#endif
 
 #include "step_bench.hpp"
 
@@ -45,6 +57,8 @@ struct settings {
   int repeats = 5;
   int ranks = 2;
   std::string comm = "threads";
+  bool offload = false;
+  bool bf16 = false;  // bf16 params and grads with fp32 master weights (always with --offload)
 };
 
 double seconds_since(clock_type::time_point t) {
@@ -93,15 +107,28 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-/// One training loop's iterations; returns rank 0's per-iteration timings.
+/// Sets every element of `v`, a view in host or device memory, to x.
+template <class Opt, class View>
+void fill(Opt& opt, View v, float x) {
+  using T = typename View::value_type;
+  if constexpr (std::is_same_v<View, std::span<T>>) {
+    std::fill(v.begin(), v.end(), distopt::from_float<T>(x));
+  } else {
+    const std::vector<T> h(v.size(), distopt::from_float<T>(x));
+    distopt::upload(opt.executor(), h, v);
+  }
+}
+
+/// One training loop's iterations; returns rank 0's per-iteration timings, and with `mem`
+/// the optimizer's memory report at the end.
 template <class Opt>
-std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks) {
+std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks, distopt::memory_report* mem) {
   const auto layers = layers_of(opt.tensors());
   std::map<std::string, std::size_t> numel;
   for (const auto& t : opt.tensors().tensors()) numel[t.name] = t.numel;
   for (const auto& layer : layers) {  // initial params
     opt.gather(layer);
-    for (const auto& n : layer) std::fill(opt.param(n).begin(), opt.param(n).end(), 0.01f);
+    for (const auto& n : layer) fill(opt, opt.param(n), 0.01f);
     opt.release(layer, distopt::keep_writes);
   }
   std::vector<timing> out;
@@ -114,7 +141,7 @@ std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks) {
       std::size_t n = 0;
       for (const auto& name : layers[j]) n += numel[name];
       sink += model_compute(n, s.backward_ns, sink);
-      for (const auto& name : layers[j]) std::fill(opt.grad(name).begin(), opt.grad(name).end(), 1e-3f);
+      for (const auto& name : layers[j]) fill(opt, opt.grad(name), 1e-3f);
       if (hooks) opt.grads_ready(layers[j]);
       opt.release(layers[j]);
     }
@@ -126,25 +153,41 @@ std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks) {
   }
   volatile float keep = sink;
   (void)keep;
+  if (mem) *mem = opt.memory();
   return out;
 }
 
 template <int Stage, class Comm>
-std::vector<timing> run_stage(const settings& s, Comm comm, bool hooks) {
+std::vector<timing> run_stage(const settings& s, Comm comm, bool hooks, distopt::memory_report* mem) {
   distopt::optimizer_options o;
   o.bucket_elems = s.bucket_elems;
   distopt::adamw::hyper_params h;
   h.lr = 1e-4;
+  if (s.offload) {
+#if defined(__linux__)
+    using exec = distopt::offload<distopt::emulated_device>;
+    distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32, Stage>, Comm, exec,
+                       distopt::precision<distopt::bf16>>
+        opt(bench::gpt_like(s.params, distopt::dtype::bf16), h, o, exec(1), std::move(comm));
+    return run_loop(opt, s, hooks, mem);
+#endif
+  }
+  if (s.bf16) {
+    distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32, Stage>, Comm, distopt::cpu,
+                       distopt::precision<distopt::bf16>>
+        opt(bench::gpt_like(s.params, distopt::dtype::bf16), h, o, distopt::cpu(1), std::move(comm));
+    return run_loop(opt, s, hooks, mem);
+  }
   distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32, Stage>, Comm> opt(
       bench::gpt_like(s.params, distopt::dtype::f32), h, o, distopt::cpu(1), std::move(comm));
-  return run_loop(opt, s, hooks);
+  return run_loop(opt, s, hooks, mem);
 }
 
 template <class Comm>
-std::vector<timing> run(const settings& s, Comm comm, bool hooks) {
-  if (s.stage == 1) return run_stage<1>(s, std::move(comm), hooks);
-  if (s.stage == 2) return run_stage<2>(s, std::move(comm), hooks);
-  return run_stage<3>(s, std::move(comm), hooks);
+std::vector<timing> run(const settings& s, Comm comm, bool hooks, distopt::memory_report* mem = nullptr) {
+  if (s.stage == 1) return run_stage<1>(s, std::move(comm), hooks, mem);
+  if (s.stage == 2) return run_stage<2>(s, std::move(comm), hooks, mem);
+  return run_stage<3>(s, std::move(comm), hooks, mem);
 }
 
 double total_median(const std::vector<timing>& t) {
@@ -182,6 +225,8 @@ settings parse(int argc, char** argv) {
     else if (a == "--repeats") s.repeats = std::stoi(value());
     else if (a == "--ranks") s.ranks = std::stoi(value());
     else if (a == "--comm") s.comm = value();
+    else if (a == "--offload") s.offload = s.bf16 = true;
+    else if (a == "--bf16") s.bf16 = true;
     else {
       std::fprintf(stderr, "distopt-bench-zero: unknown argument %s\n", argv[i]);
       std::exit(2);
@@ -191,6 +236,12 @@ settings parse(int argc, char** argv) {
     std::fprintf(stderr, "distopt-bench-zero: --stage 1..3, --repeats >= 1, --ranks >= 1, --comm threads|mpi\n");
     std::exit(2);
   }
+#if !defined(__linux__)
+  if (s.offload) {
+    std::fprintf(stderr, "distopt-bench-zero: --offload needs the emulated device (Linux)\n");
+    std::exit(2);
+  }
+#endif
   return s;
 }
 
@@ -208,6 +259,7 @@ int main(int argc, char** argv) {
   }
   const double compute = median(alone);
   std::vector<timing> off, on, alone_loop;
+  distopt::memory_report mem;
   int d = s.ranks;
   bool print = true;
   if (s.comm == "mpi") {
@@ -218,7 +270,7 @@ int main(int argc, char** argv) {
     print = world.rank() == 0;
     alone_loop = run(s, distopt::single{}, false);
     off = run(s, distopt::mpi(MPI_COMM_WORLD), false);
-    on = run(s, distopt::mpi(MPI_COMM_WORLD), true);
+    on = run(s, distopt::mpi(MPI_COMM_WORLD), true, &mem);
 #else
     std::fprintf(stderr, "distopt-bench-zero: built without MPI (configure with -DDISTOPT_ENABLE_MPI=ON)\n");
     return 2;
@@ -231,19 +283,21 @@ int main(int argc, char** argv) {
     for (const bool hooks : {false, true})
       distopt::run_ranks(d, [&](distopt::threads& comm) {
         const int rank = comm.rank();
-        auto t = run(s, std::move(comm), hooks);
+        auto t = run(s, std::move(comm), hooks, hooks && rank == 0 ? &mem : nullptr);
         if (rank == 0) (hooks ? on : off) = std::move(t);
       });
   }
   if (!print) return 0;
-  std::printf("distopt-bench-zero: %zu params (%zu layers), stage %d, d = %d (%s), buckets of %zu, "
+  std::printf("distopt-bench-zero: %zu params (%zu layers), stage %d%s, d = %d (%s), buckets of %zu, "
               "backward %.2f ns/param (compute alone %.1f ms), median of %d\n",
-              s.params, layers.size(), s.stage, d, s.comm.c_str(), s.bucket_elems, s.backward_ns, compute * 1e3,
-              s.repeats);
+              s.params, layers.size(), s.stage, s.offload ? " offloaded (emulated device), bf16 + master" : s.bf16 ? ", bf16 + master" : "", d,
+              s.comm.c_str(), s.bucket_elems, s.backward_ns, compute * 1e3, s.repeats);
   std::printf("%-10s %12s %12s %12s %12s\n", "hooks", "backward ms", "step ms", "total ms", "exposed ms");
   const double base = total_median(alone_loop);
   report("no comm", alone_loop, base);
   report("off", off, base);
   report("on", on, base);
+  std::printf("memory (rank 0, hooks on):\n");
+  std::cout << mem;
   return 0;
 }
