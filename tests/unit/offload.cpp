@@ -233,6 +233,34 @@ BOOST_AUTO_TEST_CASE(device_writes_reach_the_host_as_documented) {
   upload(opt.executor(), twos, opt.param("w0"));
   opt.release("w0", keep_writes);
   BOOST_TEST(to_float(opt.host().param("w0")[7]) == 2.0f);
+  opt.load_master_from_params();  // the master weights take the write too
+  opt.step();
+  std::vector<bf16> w0(1024);
+  download(opt.executor(), opt.param("w0"), std::span<bf16>(w0));
+  BOOST_TEST(to_float(w0[7]) == to_float(bf16(1.9f)));
+}
+
+// A checkpoint saved before the first step holds the initial params written on the device;
+// load drops a step in progress (hooks, lent grads) as the host optimizer's load does.
+BOOST_AUTO_TEST_CASE(save_before_the_first_step_and_load_in_mid_step) {
+  const layout l = three_equal_tensors();
+  scratch_dir dir("offload-initial");
+  const std::vector<bf16> ones(1024, bf16(1.0f));
+  {
+    one_rank<sharded<float, 2>> opt(l, adamw_decayed(), buckets_of(1024), dev(1));
+    for (const char* n : {"w0", "w1", "w2"}) upload(opt.executor(), ones, opt.param(n));
+    opt.save(dir.path);
+  }
+  one_rank<sharded<float, 2>> opt(l, adamw_decayed(), buckets_of(1024), dev(1));
+  (void)opt.grad("w0");
+  opt.grads_ready("w0");
+  opt.load(dir.path);
+  std::vector<bf16> w2(1024);
+  download(opt.executor(), opt.param("w2"), std::span<bf16>(w2));
+  BOOST_TEST(std::memcmp(w2.data(), ones.data(), w2.size() * sizeof(bf16)) == 0);
+  (void)opt.grad("w0");  // a new step: w0 may be written and declared ready again
+  opt.grads_ready({"w0", "w1", "w2"});
+  BOOST_TEST(!opt.step().skipped);
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_refused_naming_the_tensor) {
@@ -258,6 +286,11 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_naming_the_tensor) {
   throws_naming([&] { (void)opt.grad("w0"); }, "'w0'");
   throws_naming([&] { opt.step(); }, "'w1'");  // w1 never declared ready
   throws_naming([&] { opt.grads_ready("nope"); }, "nope");
+  // A refused call marks nothing: a repeated name, an unknown one, a clip before w1 and w2
+  // are ready; then the step goes on.
+  throws_naming([&] { opt.grads_ready({"w1", "w1"}); }, "'w1'");
+  throws_naming([&] { opt.grads_ready({"w1", "nope"}); }, "nope");
+  throws_naming([&] { opt.clip_grad_norm(1.0); }, "'w1'");
   opt.grads_ready({"w1", "w2"});
   BOOST_TEST(!opt.step().skipped);
   throws_naming([&] { (void)opt.params(); }, "ZeRO-3");

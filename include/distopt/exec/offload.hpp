@@ -20,15 +20,21 @@
 ///    copied.
 /// The results are the host optimizer's, bit for bit: the device only holds copies.
 ///
-/// Writes into a device param view reach the optimizer before the first `step()` (the
-/// initial params: stages 0-2 copy every device param to the host then) and through
-/// `release(names, keep_writes)` at any stage; `load` copies the loaded params to the device.
+/// Writes into a device param view reach the optimizer before the first `step()` or `save`
+/// (the initial params: stages 0-2 copy every device param to the host then), and through
+/// `release(names, keep_writes)` at any stage, followed by `load_master_from_params()` where
+/// there are master weights (as on the host); any other write after the first step is
+/// overwritten by the next step's params. `load` copies the loaded params to the device.
+/// The device grads are this rank's own, never the reduced ones, and a view refuses once
+/// they were copied (reduce_grads, clip_grad_norm): zero them each step. `step()` returns
+/// the step_result itself: the host has stepped when it returns.
 ///
 /// The communicator is the host optimizer's: a host one (single, threads, mpi, any_comm).
 /// DeepSpeed reduces on the device first and copies 1/d of the grads; here each rank copies
 /// its whole grads to the host, which a communicator of device memory would avoid (not
 /// built yet).
 
+#include <algorithm>
 #include <cstddef>
 #include <map>
 #include <span>
@@ -95,15 +101,15 @@ namespace detail {
 template <class Device>
 class device_pool {
  public:
-  explicit device_pool(Device* d = nullptr) : device_(d) {}
-  void* lend(std::size_t bytes) {
+  /// A buffer of at least `bytes` in `device`'s memory.
+  void* lend(Device& device, std::size_t bytes) {
     if (auto it = free_.lower_bound(bytes); it != free_.end() && it->first / 2 <= bytes) {
       void* p = it->second;
       lent_.emplace(p, it->first);
       free_.erase(it);
       return p;
     }
-    owned_.emplace_back(*device_, bytes);
+    owned_.emplace_back(device, bytes);
     lent_.emplace(owned_.back().data(), bytes);
     return owned_.back().data();
   }
@@ -120,7 +126,6 @@ class device_pool {
   }
 
  private:
-  Device* device_;
   std::vector<buffer<unsigned char, Device>> owned_;
   std::multimap<std::size_t, void*> free_;  // size -> buffer
   std::map<void*, std::size_t> lent_;       // buffer -> its size
@@ -165,9 +170,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   optimizer(layout tensors, std::vector<hyper_params> groups, optimizer_options options = {},
             offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
       : host_optimizer(std::move(tensors), std::move(groups), std::move(options), exec.host(), std::move(comm)),
-        exec_(std::move(exec)),
-        grad_pool_(&exec_.device()),
-        param_pool_(&exec_.device()) {
+        exec_(std::move(exec)) {
     const auto& ts = host().tensors().tensors();
     lent_grads_.assign(ts.size(), nullptr);
     lent_params_.assign(ts.size(), nullptr);
@@ -189,7 +192,9 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       : optimizer(std::move(tensors), std::vector<hyper_params>{std::move(hyper)}, std::move(options),
                   std::move(exec), std::move(comm)) {}
 
-  /// The host optimizer: its params, grads, master weights and states in host memory.
+  /// The host optimizer: its params, grads, master weights and states in host memory. For
+  /// reading; stepping it, or writing its params or grads, bypasses the copies to and from
+  /// the device (the device views then differ from it until the next step or load).
   host_optimizer& host() noexcept { return *this; }
   const host_optimizer& host() const noexcept { return *this; }
   offload<Device>& executor() noexcept { return exec_; }
@@ -204,7 +209,6 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   using host_optimizer::group_count;
   using host_optimizer::step_count;
   using host_optimizer::loss_scale;
-  using host_optimizer::save;
   using host_optimizer::statistics_bytes;
   using host_optimizer::set_model_parallel_group;
   using host_optimizer::set_tensor_parallel_group;
@@ -247,7 +251,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
                              "next step's grads are written after step()");
     if constexpr (zero_stage >= 2) {
       if (!lent_grads_[i]) {
-        lent_grads_[i] = static_cast<grad_type*>(grad_pool_.lend(numel(i) * sizeof(grad_type)));
+        lent_grads_[i] = static_cast<grad_type*>(grad_pool_.lend(exec_.device(), numel(i) * sizeof(grad_type)));
         fill_zero(lent_grads_[i], numel(i));
       }
       return {lent_grads_[i], numel(i)};
@@ -277,18 +281,21 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     if (pushed_)
       throw std::logic_error("distopt::optimizer<offload>::grads_ready: this step's grads were already copied to "
                              "the host and reduced (reduce_grads, clip_grad_norm)");
+    std::vector<std::size_t> is;  // every name checked before anything is copied or marked
     for (std::string_view name : names) {
       const std::size_t i = index_of(name);
-      if (ready_[i])
+      if (ready_[i] || std::find(is.begin(), is.end(), i) != is.end())
         throw std::logic_error("distopt::optimizer<offload>::grads_ready('" + std::string(name) +
                                "'): declared ready twice in one step");
-      push_grad(i);
-      ready_[i] = true;
-      ++ready_count_;
+      is.push_back(i);
     }
+    for (const std::size_t i : is) push_grad(i);
     host().grads_ready(names);
-    if constexpr (zero_stage >= 2)
-      for (std::string_view name : names) return_grad(index_of(name));
+    for (const std::size_t i : is) {
+      ready_[i] = true;
+      if constexpr (zero_stage >= 2) return_grad(i);
+    }
+    ready_count_ += is.size();
   }
   /// The full params of `names` until `release`. ZeRO-3: the host optimizer's gather, then
   /// a copy into a pooled device buffer per tensor. Other stages: bookkeeping.
@@ -298,7 +305,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       if constexpr (zero_stage >= 3) {
         const std::size_t i = index_of(name);
         const auto from = host().param(name);
-        lent_params_[i] = static_cast<param_type*>(param_pool_.lend(from.size_bytes()));
+        lent_params_[i] = static_cast<param_type*>(param_pool_.lend(exec_.device(), from.size_bytes()));
         detail::copy_bytes(exec_, lent_params_[i], from.data(), from.size_bytes());
       }
     }
@@ -322,28 +329,21 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   }
   /// Copies the grads that no hook copied to the host and reduces them there.
   void reduce_grads() {
-    push_grads();
-    host().reduce_grads();
+    on_host([&] { host().reduce_grads(); });
   }
   /// As the host optimizer's, after copying the grads that no hook copied.
   double clip_grad_norm(double max_norm) {
-    push_grads();
-    return host().clip_grad_norm(max_norm);
+    double norm = 0;
+    on_host([&] { norm = host().clip_grad_norm(max_norm); });
+    return norm;
   }
   /// Copies the grads that no hook copied to the host (before the first step, the device
   /// params too), steps the host optimizer, and copies the updated params to the device.
   step_result step() {
     if constexpr (zero_stage < 3)
       if (!params_on_host_) copy_params(true);
-    const bool pushed = !pushed_;
-    push_grads();
     step_result r;
-    try {
-      r = host().step();
-    } catch (...) {  // refused (a tensor gathered or not declared ready): the grads may be written again
-      if (pushed) pushed_ = false;
-      throw;
-    }
+    on_host([&] { r = host().step(); });
     params_on_host_ = true;
     if constexpr (zero_stage < 3) copy_params(false);
     if constexpr (zero_stage >= 2)
@@ -355,8 +355,31 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// Loads a checkpoint into the host optimizer (as its load) and copies its params to the device.
   template <class Dir>
   void load(const Dir& dir) {
-    host().load(dir);
+    host().load(dir);  // drops the host's step grads and hooks: so do the device's
     params_on_host_ = true;
+    if constexpr (zero_stage < 3) copy_params(false);
+    if constexpr (zero_stage >= 2)
+      for (std::size_t i = 0; i < lent_grads_.size(); ++i) return_grad(i);
+    next_step();
+  }
+  /// Writes a checkpoint (the host optimizer's save); before the first step, stages 0-2
+  /// copy the device params to the host first, so that the initial params are saved.
+  template <class Dir>
+  void save(const Dir& dir) {
+    if constexpr (zero_stage < 3)
+      if (!params_on_host_) copy_params(true);
+    host().save(dir);
+  }
+  /// Copies the params to the host (stages 0-2: all of them; ZeRO-3: release(names,
+  /// keep_writes) did) and into the master weights: after params were overwritten by hand.
+  void load_master_from_params() {
+    if constexpr (zero_stage < 3) copy_params(true);
+    host().load_master_from_params();
+  }
+  /// Sharded storage with options.gather_params off: the host's all-gather of the params
+  /// (as its gather_params), then the params to the device.
+  void gather_params() {
+    host().gather_params();
     if constexpr (zero_stage < 3) copy_params(false);
   }
 
@@ -398,6 +421,20 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
     if (from) detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
   }
+  /// Copies the grads no hook copied, then runs f (the host's reduce, clip or step); if f
+  /// throws, they count as not copied, so that the step can go on once the cause is mended
+  /// (a grads_ready missing, a tensor still gathered).
+  template <class F>
+  void on_host(F&& f) {
+    const bool pushing = !pushed_;
+    push_grads();
+    try {
+      f();
+    } catch (...) {
+      if (pushing) pushed_ = false;
+      throw;
+    }
+  }
   /// Every grad no hook copied, in one copy at stages 0-1 when no hook ran.
   void push_grads() {
     if (pushed_) return;
@@ -424,17 +461,24 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   void release_names(const tensor_names& names, bool keep) {
     for (std::string_view name : names) {
       const std::size_t i = index_of(name);
-      if (keep) {
-        const auto to = host().param(name);  // ZeRO-3: throws unless gathered
-        const param_type* from = zero_stage >= 3 ? lent_params_[i] : params_.data() + param_at_[i];
-        detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
-        host().release(name, keep_writes);
-      } else {
-        host().release(name);
-      }
       if constexpr (zero_stage >= 3) {
+        if (keep) {  // into the host's gathered view (which throws unless gathered), then its shard
+          const auto to = host().param(name);
+          detail::copy_bytes(exec_, to.data(), lent_params_[i], to.size_bytes());
+          host().release(name, keep_writes);
+        } else {
+          host().release(name);
+        }
         param_pool_.give_back(lent_params_[i]);
         lent_params_[i] = nullptr;
+      } else {  // the host's bookkeeping first (it throws unless gathered), then the copy
+        if (keep) {
+          host().release(name, keep_writes);
+          const auto to = host().param(name);
+          detail::copy_bytes(exec_, to.data(), params_.data() + param_at_[i], to.size_bytes());
+        } else {
+          host().release(name);
+        }
       }
     }
   }
