@@ -295,7 +295,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       ready_[i] = true;
       if constexpr (zero_stage >= 2) return_grad(i);
     }
-    ready_count_ += is.size();
+    any_ready_ = any_ready_ || !is.empty();
   }
   /// The full params of `names` until `release`. ZeRO-3: the host optimizer's gather, then
   /// a copy into a pooled device buffer per tensor. Other stages: bookkeeping.
@@ -346,8 +346,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     on_host([&] { r = host().step(); });
     params_on_host_ = true;
     if constexpr (zero_stage < 3) copy_params(false);
-    if constexpr (zero_stage >= 2)
-      for (std::size_t i = 0; i < lent_grads_.size(); ++i) return_grad(i);
+    return_grads();
     next_step();
     return r;
   }
@@ -358,8 +357,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     host().load(dir);  // drops the host's step grads and hooks: so do the device's
     params_on_host_ = true;
     if constexpr (zero_stage < 3) copy_params(false);
-    if constexpr (zero_stage >= 2)
-      for (std::size_t i = 0; i < lent_grads_.size(); ++i) return_grad(i);
+    return_grads();
     next_step();
   }
   /// Writes a checkpoint (the host optimizer's save); before the first step, stages 0-2
@@ -438,7 +436,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// Every grad no hook copied, in one copy at stages 0-1 when no hook ran.
   void push_grads() {
     if (pushed_) return;
-    if (zero_stage < 2 && ready_count_ == 0) {
+    if (zero_stage < 2 && !any_ready_) {
       const auto to = host().grads();
       detail::copy_bytes(exec_, to.data(), grads_.data(), to.size_bytes());
     } else {
@@ -451,6 +449,11 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     if (!lent_grads_[i]) return;
     grad_pool_.give_back(lent_grads_[i]);
     lent_grads_[i] = nullptr;
+  }
+  /// Stages 2-3: every lent grad buffer back to the pool (after a step or a load).
+  void return_grads() {
+    if constexpr (zero_stage >= 2)
+      for (std::size_t i = 0; i < lent_grads_.size(); ++i) return_grad(i);
   }
   /// Stages 0-2: every param, device to host (`to_host`) or back, in one copy.
   void copy_params(bool to_host) {
@@ -484,7 +487,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   }
   void next_step() {
     ready_.assign(ready_.size(), false);
-    ready_count_ = 0;
+    any_ready_ = false;
     pushed_ = false;
   }
 
@@ -496,7 +499,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   std::vector<grad_type*> lent_grads_;
   std::vector<param_type*> lent_params_;
   std::vector<bool> ready_;
-  std::size_t ready_count_ = 0;
+  bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
 };
