@@ -4,7 +4,7 @@
 // layer-wise) and prints a hash of the resulting params and states. Built three times: with
 // the function clones and the F16C conversions (the AVX-512 clone on a CPU that has it),
 // for AVX2 without clones, and for the x86-64 baseline (both with DISTOPT_NO_TARGET_CLONES
-// and DISTOPT_NO_F16C), so ctest can check that every machine path gives the same bits. The
+// DISTOPT_NO_F16C and DISTOPT_NO_Q8_AVX512), so ctest can check that every machine path gives the same bits. The
 // three are compiled with -ffp-contract=fast, as a user's GNU-mode build would be: the
 // clones must not contract. On a machine with AVX-512 a fourth program is built for
 // x86-64-v4 without clones, with the library's -ffp-contract=off.
@@ -64,7 +64,13 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
 /// The update loops' machine path in this program on this CPU: "avx512", "avx2" or
 /// "baseline", then why, and whether binary16 arrays take F16C.
 std::string cpu_path() {
-  const std::string f16c = distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions";
+#if DISTOPT_HAS_Q8_AVX512_PATH
+  const bool q8_simd = distopt::detail::q8_avx512::available();
+#else
+  const bool q8_simd = false;
+#endif
+  const std::string f16c = std::string(distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions") +
+                           (q8_simd ? ", q8 AVX-512 VBMI decode" : ", q8 portable decode");
 #if DISTOPT_HAS_CPU_CLONES
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + f16c;

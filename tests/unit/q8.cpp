@@ -146,6 +146,51 @@ BOOST_AUTO_TEST_CASE(lookup_equals_nearest_code_by_brute_force) {
   }
 }
 
+namespace {
+/// Whether this build and CPU have the AVX-512 block decoder.
+bool q8_avx512_here() {
+#if DISTOPT_HAS_Q8_AVX512_PATH
+  return detail::q8_avx512::available();
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+// The AVX-512 decoder that update_range_q8 takes where the CPU has VBMI gives the portable
+// loop's bits: every code, both maps, at scales from 0 to infinity and NaN, at block lengths
+// with and without a tail. Skipped where the CPU lacks AVX-512 VBMI; the q8 rows of
+// cpu_paths_agree check the same through whole steps.
+BOOST_AUTO_TEST_CASE(avx512_decode_equals_the_portable_loop,
+                     *boost::unit_test::precondition([](boost::unit_test::test_unit_id) {
+                       return boost::test_tools::assertion_result(q8_avx512_here());
+                     })) {
+#if DISTOPT_HAS_Q8_AVX512_PATH
+  std::mt19937 rng(19);
+  for (const bool is_signed : {true, false}) {
+    const detail::q8_codebook& b = book(is_signed);
+    // Decode: every code, shuffled, at block lengths with and without a tail.
+    std::vector<std::uint8_t> codes(4 * 256);
+    for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint8_t>(i);
+    std::shuffle(codes.begin(), codes.end(), rng);
+    std::size_t decoded = 0, decode_differ = 0;
+    for (const std::size_t m : {256u, 255u, 192u, 129u, 64u, 63u, 1u})
+      for (const float absmax : {1.0f, 0.0f, 3.5e-7f, 0.37f, 2.5e30f, std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN()})
+        for (std::size_t at = 0; at + m <= codes.size(); at += 256) {
+          std::vector<float> want(m), got(m);
+          detail::decode_block(b.values().data(), codes.data() + at, absmax, m, want.data());
+          detail::q8_avx512::decode_block(b.planes(), codes.data() + at, absmax, m, got.data());
+          for (std::size_t i = 0; i < m; ++i)
+            decode_differ += std::bit_cast<std::uint32_t>(want[i]) != std::bit_cast<std::uint32_t>(got[i]);
+          decoded += m;
+        }
+    BOOST_TEST(decode_differ == 0u, (is_signed ? "signed" : "unsigned") << " decode: " << decode_differ << " of "
+                                                                        << decoded << " values differ");
+  }
+#endif
+}
+
 BOOST_AUTO_TEST_CASE(round_trip_error_within_half_the_map_spacing) {
   // Blocks of 256 values at scales from 1e-8 to 1e3, with zeros and a lone outlier: each
   // value reads back within absmax * (half the gap to the neighbouring code on its side),

@@ -20,6 +20,17 @@
 #include "q8_map.hpp"
 #include "update_loop.hpp"
 
+/// The AVX-512 block decoder below, chosen at run time where the CPU has AVX-512 BW and
+/// VBMI (GCC on x86-64, host code only; never with -DDISTOPT_NO_Q8_AVX512).
+/// DISTOPT_HAS_Q8_AVX512_PATH says whether this build has it (1 or 0).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
+    defined(__x86_64__) && !defined(DISTOPT_NO_Q8_AVX512)
+#define DISTOPT_HAS_Q8_AVX512_PATH 1
+#include <immintrin.h>
+#else
+#define DISTOPT_HAS_Q8_AVX512_PATH 0
+#endif
+
 namespace distopt::detail {
 
 /// One run of elements (a piece of one tensor, starting on a block boundary) with
@@ -36,6 +47,9 @@ struct q8_args {
   float grad_scale;
   std::uint64_t random_key;
   std::size_t random_base;
+  /// Each slot's map as byte planes (q8_codebook::planes), for the AVX-512 decoder; null
+  /// (the portable loops) on device executors.
+  const std::uint8_t* planes[4] = {};
 };
 
 /// The absolute maximum of x[0, m) as the bit pattern of a float: non-negative floats
@@ -76,6 +90,74 @@ DISTOPT_HD DISTOPT_INLINE void requantize_block(const float* DISTOPT_RESTRICT x,
   encode_block(x, amax > 0.0f ? 1.0f / amax : 0.0f, m, lut, out);
 }
 
+#if DISTOPT_HAS_Q8_AVX512_PATH
+/// decode_block with AVX-512 VBMI, the same bits (tests/unit/q8.cpp compares them). Out of
+/// line, with its own target: the function clones' x86-64-v4 has no VBMI. The encode has no
+/// such twin: a vpgatherdd encode through q8_nearest's table was no faster than the
+/// x86-64-v4 clone of encode_block on a Zen 4, and a gather-free binary search over the
+/// thresholds was slower (bench/RESULTS.md, "The AVX-512 decode wired in").
+namespace q8_avx512 {
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), which -Wmaybe-uninitialized
+// reports in the caller (GCC bug 105593, fixed in GCC 13); and a caller's constant length
+// propagated into the tail loop draws a false -Waggressive-loop-optimizations. Not in
+// users' builds.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
+
+/// decode_block's bits: the map's four byte planes (q8_codebook::planes) looked up by
+/// vpermi2b, 64 codes at a time. Each plane of 256 bytes is four registers; two two-source
+/// byte permutes and a blend on the code's top bit give a byte of each of 64 values. The
+/// codes are first reordered (vpermb) so that the unpacks of the four planes' bytes, which
+/// work within 128-bit lanes, come out as 64 floats in element order. Then map[code] * absmax.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void decode_block(
+    const std::uint8_t* planes, const std::uint8_t* code, float absmax, std::size_t m, float* out) noexcept {
+  // Byte p = 16 L + 4 q + j (lane L, quarter q, column j) takes code 16 q + 4 L + j.
+  alignas(64) static constexpr std::uint8_t order[64] = {
+      0, 1, 2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
+      22, 23, 36, 37, 38, 39, 52, 53, 54, 55, 8,  9,  10, 11, 24, 25, 26, 27, 40, 41, 42, 43,
+      56, 57, 58, 59, 12, 13, 14, 15, 28, 29, 30, 31, 44, 45, 46, 47, 60, 61, 62, 63};
+  const __m512i reorder = _mm512_load_si512(order);
+  const __m512 scale = _mm512_set1_ps(absmax);
+  __m512i plane[4][4];
+  for (int k = 0; k < 4; ++k)
+    for (int q = 0; q < 4; ++q) plane[k][q] = _mm512_loadu_si512(planes + 256 * k + 64 * q);
+  std::size_t i = 0;
+  for (; i + 64 <= m; i += 64) {
+    const __m512i c = _mm512_permutexvar_epi8(reorder, _mm512_loadu_si512(code + i));
+    const __mmask64 upper = _mm512_movepi8_mask(c);  // codes 128-255
+    __m512i b[4];
+    for (int k = 0; k < 4; ++k)
+      b[k] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(plane[k][0], c, plane[k][1]),
+                                    _mm512_permutex2var_epi8(plane[k][2], c, plane[k][3]));
+    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+    const __m512i v[4] = {_mm512_unpacklo_epi16(lo01, lo23), _mm512_unpackhi_epi16(lo01, lo23),
+                          _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
+    for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + i + 16 * r, _mm512_mul_ps(_mm512_castsi512_ps(v[r]), scale));
+  }
+  for (; i < m; ++i) {
+    std::uint32_t u = 0;
+    for (int k = 0; k < 4; ++k) u |= std::uint32_t{planes[256 * k + code[i]]} << (8 * k);
+    out[i] = __builtin_bit_cast(float, u) * absmax;
+  }
+}
+
+/// Whether this CPU runs decode_block above.
+inline bool available() noexcept {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi");
+  }();
+  return has;
+}
+
+#pragma GCC diagnostic pop
+}  // namespace q8_avx512
+#endif
+
 /// Updates the `n` elements `a` points to, with N quantized state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad>
 DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
@@ -84,6 +166,9 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
   constexpr int S = N > 0 ? N : 1;
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
+#if DISTOPT_HAS_Q8_AVX512_PATH
+  const bool simd = a.planes[0] != nullptr && q8_avx512::available();
+#endif
   for (std::size_t b0 = 0, blk = 0; b0 < n; b0 += B, ++blk) {
     const std::size_t m = n - b0 < B ? n - b0 : B;
     Param* DISTOPT_RESTRICT p = a.param + b0;
@@ -91,7 +176,15 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
     float* DISTOPT_RESTRICT mw = Mode == param_mode::master ? a.master + b0 : nullptr;
     // Decode each slot's block, update in place (fresh holds the old values, then the new).
     alignas(64) float fresh[S][B];
-    for (int k = 0; k < N; ++k) decode_block(a.map[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
+    for (int k = 0; k < N; ++k) {
+#if DISTOPT_HAS_Q8_AVX512_PATH
+      if (simd) {
+        q8_avx512::decode_block(a.planes[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
+        continue;
+      }
+#endif
+      decode_block(a.map[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
+    }
     float* DISTOPT_RESTRICT f0 = fresh[0];
     float* DISTOPT_RESTRICT f1 = fresh[N > 1 ? 1 : 0];
     float* DISTOPT_RESTRICT f2 = fresh[N > 2 ? 2 : 0];

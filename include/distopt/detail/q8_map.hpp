@@ -90,6 +90,9 @@ class q8_codebook {
     lut_.resize(2 * slices);
     for (int neg = 0; neg < 2; ++neg)
       for (std::uint32_t j = 0; j < slices; ++j) build_slice(neg != 0, j);
+    for (std::size_t c = 0; c < 256; ++c)
+      for (std::size_t k = 0; k < 4; ++k)
+        planes_[256 * k + c] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(values[c]) >> (8 * k));
   }
 
   /// Value of code `c`.
@@ -115,6 +118,10 @@ class q8_codebook {
   /// The lookup table (2 * slices entries), for q8_nearest and for executors that copy it
   /// to device memory.
   const std::int32_t* lookup() const noexcept { return lut_.data(); }
+
+  /// The values as four planes of 256 bytes: plane k holds byte k (from the least
+  /// significant) of each value's bit pattern, for byte-shuffle decoders (q8_loop.hpp).
+  const std::uint8_t* planes() const noexcept { return planes_.data(); }
 
   /// Magnitude slices: exponent and top mant_bits of the mantissa, from 2^-min_exp up;
   /// everything below falls in slice 0 and everything above 1.0 in the last.
@@ -169,6 +176,7 @@ class q8_codebook {
   std::array<float, 256> value_{};
   std::array<float, 255> threshold_{};
   std::vector<std::int32_t> lut_;
+  std::array<std::uint8_t, 1024> planes_{};
 };
 
 /// The signed map (first moments) and the unsigned map (second moments), built once.
