@@ -2,9 +2,10 @@
 // Copyright 2026 the distopt authors
 // Runs a fixed mixed-precision workload through every policy (element-wise, 8-bit states,
 // layer-wise) and prints a hash of the resulting params and states. Built three times: with
-// the function clones and the F16C conversions (the AVX-512 clone on a CPU that has it),
-// for AVX2 without clones, and for the x86-64 baseline (both with DISTOPT_NO_TARGET_CLONES
-// DISTOPT_NO_F16C and DISTOPT_NO_Q8_AVX512), so ctest can check that every machine path gives the same bits. The
+// the function clones, the F16C conversions and the q8 VBMI decode (the AVX-512 clone on a
+// CPU that has it), for AVX2 without them, and for the x86-64 baseline (both with
+// DISTOPT_NO_TARGET_CLONES, DISTOPT_NO_F16C and DISTOPT_NO_Q8_AVX512), so ctest can check
+// that every machine path gives the same bits. The
 // three are compiled with -ffp-contract=fast, as a user's GNU-mode build would be: the
 // clones must not contract. On a machine with AVX-512 a fourth program is built for
 // x86-64-v4 without clones, with the library's -ffp-contract=off.
