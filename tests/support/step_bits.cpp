@@ -65,26 +65,22 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
 /// The update loops' machine path in this program on this CPU: "avx512", "avx2" or
 /// "baseline", then why, and whether binary16 arrays take F16C.
 std::string cpu_path() {
-#if DISTOPT_HAS_Q8_AVX512_PATH
-  const bool q8_simd = distopt::detail::q8_avx512::available();
-#else
-  const bool q8_simd = false;
-#endif
-  const std::string f16c = std::string(distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions") +
-                           (q8_simd ? ", q8 AVX-512 VBMI decode" : ", q8 portable decode");
+  const std::string suffix =
+      std::string(distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions") +
+      (distopt::detail::q8_avx512::available() ? ", q8 AVX-512 VBMI decode" : ", q8 portable decode");
 #if DISTOPT_HAS_CPU_CLONES
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + f16c;
+  if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + suffix;
 #if !defined(__AVX2__)
-  if (!__builtin_cpu_supports("avx2")) return "baseline (the default clone: this CPU has no AVX2)" + f16c;
+  if (!__builtin_cpu_supports("avx2")) return "baseline (the default clone: this CPU has no AVX2)" + suffix;
 #endif
-  return "avx2 (the AVX2 clone, chosen at load time)" + f16c;
+  return "avx2 (the AVX2 clone, chosen at load time)" + suffix;
 #elif defined(__AVX512F__)
-  return "avx512 (the compiler targets AVX-512, so there are no clones)" + f16c;
+  return "avx512 (the compiler targets AVX-512, so there are no clones)" + suffix;
 #elif defined(__AVX2__)
-  return "avx2 (the compiler targets AVX2, no clones)" + f16c;
+  return "avx2 (the compiler targets AVX2, no clones)" + suffix;
 #else
-  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)" + f16c;
+  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)" + suffix;
 #endif
 }
 

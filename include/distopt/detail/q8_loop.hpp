@@ -144,19 +144,26 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void dec
   }
 }
 
-/// Whether this CPU runs decode_block above.
+#pragma GCC diagnostic pop
+}  // namespace q8_avx512
+#endif
+
+namespace q8_avx512 {
+/// Whether update_range_q8 decodes through q8_avx512::decode_block: this build has it and
+/// this CPU runs it.
 inline bool available() noexcept {
+#if DISTOPT_HAS_Q8_AVX512_PATH
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vbmi");
   }();
   return has;
-}
-
-#pragma GCC diagnostic pop
-}  // namespace q8_avx512
+#else
+  return false;
 #endif
+}
+}  // namespace q8_avx512
 
 /// Updates the `n` elements `a` points to, with N quantized state slots.
 template <class Policy, int N, param_mode Mode, class Param, class Grad>
@@ -167,7 +174,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
   const typename Policy::scalars s = sc;
   const float scale = a.grad_scale;
 #if DISTOPT_HAS_Q8_AVX512_PATH
-  const bool simd = a.planes[0] != nullptr && q8_avx512::available();
+  const bool simd = q8_avx512::available();
 #endif
   for (std::size_t b0 = 0, blk = 0; b0 < n; b0 += B, ++blk) {
     const std::size_t m = n - b0 < B ? n - b0 : B;
@@ -178,7 +185,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
     alignas(64) float fresh[S][B];
     for (int k = 0; k < N; ++k) {
 #if DISTOPT_HAS_Q8_AVX512_PATH
-      if (simd) {
+      if (simd && a.planes[k]) {
         q8_avx512::decode_block(a.planes[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
         continue;
       }
