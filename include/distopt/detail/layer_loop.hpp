@@ -77,7 +77,7 @@ DISTOPT_HD DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT 
     const std::uint32_t mag = u & 0x7fffffffu;
     const std::int32_t e = static_cast<std::int32_t>(mag >> 23);
     std::uint32_t l = lo[j];
-    l = (l == column_window::unset) & (e >= 1) & (e <= 254) ? column_window::window_at(e - 14) : l;
+    l = ((l == column_window::unset) & (e >= 1) & (e <= 254)) ? column_window::window_at(e - 14) : l;
     lo[j] = l;
     const std::uint32_t fits = ((mag >= l) & (mag < l + column_window::span)) | (mag == 0);
     acc[j] += static_cast<double>(__builtin_bit_cast(float, u & (0u - fits)));
