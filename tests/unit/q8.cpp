@@ -169,7 +169,7 @@ BOOST_AUTO_TEST_CASE(avx512_decode_equals_the_portable_loop,
         for (std::size_t at = 0; at + m <= codes.size(); at += 256) {
           std::vector<float> want(m), got(m);
           detail::decode_block(b.values().data(), codes.data() + at, absmax, m, want.data());
-          detail::q8_avx512::decode_block(b.planes(), codes.data() + at, absmax, m, got.data());
+          detail::q8_avx512::decode_block(b.values().data(), b.planes(), codes.data() + at, absmax, m, got.data());
           for (std::size_t i = 0; i < m; ++i)
             decode_differ += std::bit_cast<std::uint32_t>(want[i]) != std::bit_cast<std::uint32_t>(got[i]);
           decoded += m;

@@ -111,8 +111,10 @@ namespace q8_avx512 {
 /// byte permutes and a blend on the code's top bit give a byte of each of 64 values. The
 /// codes are first reordered (vpermb) so that the unpacks of the four planes' bytes, which
 /// work within 128-bit lanes, come out as 64 floats in element order. Then map[code] * absmax.
+/// A tail of fewer than 64 codes goes through the portable decode_block and `map`.
 __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void decode_block(
-    const std::uint8_t* planes, const std::uint8_t* code, float absmax, std::size_t m, float* out) noexcept {
+    const float* map, const std::uint8_t* planes, const std::uint8_t* code, float absmax, std::size_t m,
+    float* out) noexcept {
   // Byte p = 16 L + 4 q + j (lane L, quarter q, column j) takes code 16 q + 4 L + j.
   alignas(64) static constexpr std::uint8_t order[64] = {
       0, 1, 2,  3,  16, 17, 18, 19, 32, 33, 34, 35, 48, 49, 50, 51, 4,  5,  6,  7,  20, 21,
@@ -137,11 +139,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void dec
                           _mm512_unpacklo_epi16(hi01, hi23), _mm512_unpackhi_epi16(hi01, hi23)};
     for (int r = 0; r < 4; ++r) _mm512_storeu_ps(out + i + 16 * r, _mm512_mul_ps(_mm512_castsi512_ps(v[r]), scale));
   }
-  for (; i < m; ++i) {
-    std::uint32_t u = 0;
-    for (int k = 0; k < 4; ++k) u |= std::uint32_t{planes[256 * k + code[i]]} << (8 * k);
-    out[i] = __builtin_bit_cast(float, u) * absmax;
-  }
+  detail::decode_block(map, code + i, absmax, m - i, out + i);
 }
 
 #pragma GCC diagnostic pop
@@ -186,7 +184,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
     for (int k = 0; k < N; ++k) {
 #if DISTOPT_HAS_Q8_AVX512_PATH
       if (simd && a.planes[k]) {
-        q8_avx512::decode_block(a.planes[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
+        q8_avx512::decode_block(a.map[k], a.planes[k], a.code[k] + b0, a.absmax[k][blk], m, fresh[k]);
         continue;
       }
 #endif
