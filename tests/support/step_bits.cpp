@@ -2,8 +2,8 @@
 // Copyright 2026 the distopt authors
 // Runs a fixed mixed-precision workload through every policy (element-wise, 8-bit states,
 // layer-wise) and prints a hash of the resulting params and states. Built three times: with
-// the function clones, the F16C conversions and the q8 VBMI decode (the AVX-512 clone on a
-// CPU that has it), for AVX2 without them, and for the x86-64 baseline (both with
+// the function clones, the F16C conversions and the q8 VBMI decode and encode (the AVX-512
+// clone on a CPU that has it), for AVX2 without them, and for the x86-64 baseline (both with
 // DISTOPT_NO_TARGET_CLONES, DISTOPT_NO_F16C and DISTOPT_NO_Q8_AVX512), so ctest can check
 // that every machine path gives the same bits. The
 // three are compiled with -ffp-contract=fast, as a user's GNU-mode build would be: the
@@ -67,7 +67,7 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
 std::string cpu_path() {
   const std::string suffix =
       std::string(distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions") +
-      (distopt::detail::q8_avx512::available() ? ", q8 AVX-512 VBMI decode" : ", q8 portable decode");
+      (distopt::detail::q8_avx512::available() ? ", q8 AVX-512 VBMI decode and encode" : ", q8 portable decode and encode");
 #if DISTOPT_HAS_CPU_CLONES
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + suffix;

@@ -14,12 +14,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sharded_harness.hpp"
@@ -169,13 +171,104 @@ BOOST_AUTO_TEST_CASE(avx512_decode_equals_the_portable_loop,
         for (std::size_t at = 0; at + m <= codes.size(); at += 256) {
           std::vector<float> want(m), got(m);
           detail::decode_block(b.values().data(), codes.data() + at, absmax, m, want.data());
-          detail::q8_avx512::decode_block(b.values().data(), b.planes(), codes.data() + at, absmax, m, got.data());
+          detail::q8_avx512::decode_block(b.values().data(), b.simd(), codes.data() + at, absmax, m, got.data());
           for (std::size_t i = 0; i < m; ++i)
             decode_differ += std::bit_cast<std::uint32_t>(want[i]) != std::bit_cast<std::uint32_t>(got[i]);
           decoded += m;
         }
     BOOST_TEST(decode_differ == 0u, (is_signed ? "signed" : "unsigned") << " decode: " << decode_differ << " of "
                                                                         << decoded << " values differ");
+  }
+#endif
+}
+
+// The AVX-512 encode that update_range_q8 takes where the CPU has VBMI gives the portable
+// loop's codes:
+// - its estimate is the nearest code or the one below it, at every threshold and its float
+//   neighbours and at random floats below 2 in magnitude, both maps;
+// - the kernel over every float y with |y| < 2 (a normal absmax keeps |x / absmax| within
+//   2^-21 of 1), both signs, at lengths with a tail (6 s on two threads); under a sanitizer
+//   (the suites build at -O0 there) every 97th run of 2^16 patterns: the sanitizer checks
+//   the accesses, the release build every value;
+// - requantize_block (absmax and codes) for blocks whose absmax is normal (near FLT_MAX too,
+//   where 1 / absmax is subnormal), subnormal, zero, infinite or NaN, the last four through
+//   its portable fallback.
+// Reported skipped where the CPU lacks AVX-512 VBMI; cpu_paths_agree checks whole steps.
+BOOST_AUTO_TEST_CASE(avx512_encode_equals_the_portable_loop,
+                     *boost::unit_test::precondition([](boost::unit_test::test_unit_id) {
+                       return boost::test_tools::assertion_result(detail::q8_avx512::available());
+                     })) {
+#if DISTOPT_HAS_Q8_AVX512_PATH
+  std::mt19937 rng(23);
+  for (const bool is_signed : {true, false}) {
+    const char* name = is_signed ? "signed" : "unsigned";
+    const detail::q8_codebook& b = book(is_signed);
+    const detail::q8_simd_tables& t = b.simd();
+    BOOST_TEST_REQUIRE(t.has_estimate, name << ": the estimate does not serve the dynamic map");
+    std::size_t off = 0;
+    const auto bracket = [&](float y) {
+      const int want = b.nearest(y), e = t.estimate(y);
+      if ((e != want && e + 1 != want) && ++off <= 5)
+        BOOST_ERROR(name << " y = " << y << ": estimate " << e << ", nearest " << want);
+    };
+    for (std::size_t c = 0; c < 255; ++c) {
+      float y = b.threshold(c);
+      for (int k = 0; k < 4; ++k) y = std::nextafter(y, -2.0f);
+      for (int k = 0; k < 9; ++k, y = std::nextafter(y, 2.0f)) bracket(y);
+    }
+    std::uniform_int_distribution<std::uint32_t> below2(0, 0x3fffffffu);
+    for (int k = 0; k < 1000000; ++k) bracket(std::bit_cast<float>(below2(rng) | (static_cast<std::uint32_t>(rng()) & 0x80000000u)));
+    BOOST_TEST(off == 0u, name << ": the estimate is off at " << off << " values");
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    constexpr std::uint32_t stride = 97;
+#else
+    constexpr std::uint32_t stride = 1;
+#endif
+    constexpr std::uint32_t K = 1u << 16, last = 0x3fffffffu;  // the float below 2
+    std::size_t encoded[2] = {}, differ[2] = {};
+    const auto sweep = [&](int half) {  // one sign each, on two threads
+      const std::uint32_t sign = half ? 0x80000000u : 0u;
+      std::vector<float> in(K);
+      std::vector<std::uint8_t> want(K), got(K);
+      for (std::uint32_t hi = 0; hi <= last / K; hi += stride) {
+        const std::uint32_t n = std::min(K, last - hi * K + 1);
+        for (std::uint32_t i = 0; i < n; ++i) in[i] = std::bit_cast<float>((hi * K + i) | sign);
+        const std::uint32_t cut = n - hi % 64;  // and the last 0..63 alone: the tail code
+        detail::encode_block(in.data(), 1.0f, n, b.lookup(), want.data());
+        detail::q8_avx512::encode_block(t, b.lookup(), in.data(), 1.0f, cut, got.data());
+        detail::q8_avx512::encode_block(t, b.lookup(), in.data() + cut, 1.0f, n - cut, got.data() + cut);
+        if (std::memcmp(want.data(), got.data(), n) != 0)
+          for (std::uint32_t i = 0; i < n; ++i) differ[half] += want[i] != got[i];
+        encoded[half] += n;
+      }
+    };
+    std::thread other(sweep, 1);
+    sweep(0);
+    other.join();
+    BOOST_TEST(differ[0] + differ[1] == 0u, name << " encode: " << differ[0] + differ[1] << " of "
+                                                 << encoded[0] + encoded[1] << " codes differ");
+    const std::size_t all = 2 * std::size_t{last + 1};
+    BOOST_TEST(encoded[0] + encoded[1] >= all / stride);
+
+    std::normal_distribution<float> normal;
+    std::size_t blocks_differ = 0;
+    const float tiny = std::numeric_limits<float>::denorm_min(), inf = std::numeric_limits<float>::infinity();
+    for (const float scale : {1.0f, 3e-4f, 2e30f, 1e-39f, 0.0f})
+      for (const float odd : {0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), tiny,
+                              std::bit_cast<float>(0x7f61988bu)})  // 3.0e38: x / absmax up to 1 + 2^-22
+        for (const std::size_t m : {256u, 255u, 200u, 64u, 63u, 1u}) {
+          std::vector<float> x(m);
+          for (float& v : x) v = (is_signed ? normal(rng) : std::fabs(normal(rng))) * scale;
+          if (odd != 0.0f) x[m / 2] = is_signed || !(odd < 0.0f) ? odd : 0.0f;
+          float amax_want = -1.0f, amax_got = -2.0f;
+          std::vector<std::uint8_t> cw(m), cg(m);
+          detail::requantize_block(x.data(), m, b.lookup(), amax_want, cw.data());
+          detail::q8_avx512::requantize_block(t, b.lookup(), x.data(), m, amax_got, cg.data());
+          blocks_differ += std::bit_cast<std::uint32_t>(amax_want) != std::bit_cast<std::uint32_t>(amax_got) ||
+                           cw != cg;
+        }
+    BOOST_TEST(blocks_differ == 0u, name << " requantize: " << blocks_differ << " blocks differ");
   }
 #endif
 }

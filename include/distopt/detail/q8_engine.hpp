@@ -62,7 +62,7 @@ struct q8_update_phase : bucket_pieces {
   float* small[4] = {};
   const float* map[4] = {};          ///< each slot's 256 map values
   const std::int32_t* lut[4] = {};  ///< each slot's lookup table (q8_codebook::lookup)
-  const std::uint8_t* planes[4] = {};  ///< each slot's byte planes (host executors; else null)
+  const q8_simd_tables* simd[4] = {};  ///< each slot's AVX-512 tables (host executors; else null)
 
   DISTOPT_HD std::size_t size(std::size_t c) const noexcept {
     return takes(c, N) ? (pieces[c].count + q8::block - 1) / q8::block : 0;
@@ -83,7 +83,7 @@ struct q8_update_phase : bucket_pieces {
         a.absmax[k] = absmax[k] + q.offset / q8::block + first;
         a.map[k] = map[k];
         a.lut[k] = lut[k];
-        a.planes[k] = planes[k];
+        a.simd[k] = simd[k];
       }
       update_range_q8<Policy, N, Mode>(scalars[pc.group], a, e1 - e0);
     } else {
@@ -170,7 +170,7 @@ struct q8_engine {
       const q8_codebook& book = q8_slot_codebook<Policy>(k);
       u.map[k] = host_memory<Exec> ? book.values().data() : map_dev_[nonneg ? 1 : 0].data();
       u.lut[k] = host_memory<Exec> ? book.lookup() : lut_dev_[nonneg ? 1 : 0].data();
-      u.planes[k] = host_memory<Exec> ? book.planes() : nullptr;
+      u.simd[k] = host_memory<Exec> ? &book.simd() : nullptr;
     }
     u.control = o.decision_control();
     u.grad_scale = grad_scale;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -67,6 +68,46 @@ inline std::array<float, 256> dynamic_map(bool is_signed) {
   return out;
 }
 
+/// What the AVX-512 kernels of q8_loop.hpp read, built with each codebook (host memory only).
+///
+/// The lookups are byte shuffles: `value_planes[k][c]` is byte k (from the least
+/// significant) of code c's value, `threshold_planes[k][c]` of threshold c (entry 255: +inf).
+///
+/// The encode first estimates the nearest code without a table per element, then settles it
+/// with one exact comparison against the estimate's threshold. The map is bitsandbytes'
+/// dynamic one: in each decade [10^(d-7), 10^(d-6)) its codes are evenly spaced, so the code
+/// of a magnitude a in decade d is about a * slope[d] + offset[d]. The decade comes from the
+/// octave of a (its exponent field, minus 96, saturated at 0, as the index j) and one
+/// comparison with `bound[j]`, the one decade boundary an octave can hold. For a negative y
+/// the estimate is mirror - E(|y|), the map being symmetric about its zero code.
+/// `estimate` is that computation in scalar form, with the vector kernel's exact operations
+/// (one fused multiply-add, a truncation); the codebook checks that it brackets every
+/// threshold and sets `has_estimate` (see q8_codebook).
+struct q8_simd_tables {
+  alignas(64) std::uint8_t value_planes[4][256] = {};
+  alignas(64) std::uint8_t threshold_planes[4][256] = {};
+  alignas(64) float offset[16] = {};
+  alignas(64) float slope[16] = {};
+  alignas(64) float bound[32] = {};
+  alignas(64) std::int32_t decade[32] = {};
+  std::int32_t mirror = 0;
+  bool has_estimate = false;
+
+  /// The estimated code of y (not NaN, |y| < 2): nearest(y) - 1 or nearest(y) when
+  /// has_estimate.
+  int estimate(float y) const noexcept {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(y), mag = u & 0x7fffffffu;
+    const float a = std::bit_cast<float>(mag);
+    const std::uint32_t j = ((mag >> 23) > 96u ? (mag >> 23) - 96u : 0u) & 31u;
+    const int d = decade[j] + (a >= bound[j] ? 1 : 0);
+    float p = std::fma(a, slope[d], offset[d]);
+    p = p < 254.0f ? p : 254.0f;
+    int e = static_cast<int>(p);
+    if (u >> 31) e = mirror - e;
+    return e > 0 ? e : 0;
+  }
+};
+
 /// A quantization map with what quantizing to it needs: the values (sorted ascending),
 /// the decision thresholds between neighbours, and a lookup table that finds the nearest
 /// code of a float in [-1, 1] with one load and one comparison.
@@ -90,9 +131,7 @@ class q8_codebook {
     lut_.resize(2 * slices);
     for (int neg = 0; neg < 2; ++neg)
       for (std::uint32_t j = 0; j < slices; ++j) build_slice(neg != 0, j);
-    for (std::size_t c = 0; c < 256; ++c)
-      for (std::size_t k = 0; k < 4; ++k)
-        planes_[256 * k + c] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(values[c]) >> (8 * k));
+    build_simd_tables();
   }
 
   /// Value of code `c`.
@@ -119,9 +158,8 @@ class q8_codebook {
   /// to device memory.
   const std::int32_t* lookup() const noexcept { return lut_.data(); }
 
-  /// The values as four planes of 256 bytes: plane k holds byte k (from the least
-  /// significant) of each value's bit pattern, for byte-shuffle decoders (q8_loop.hpp).
-  const std::uint8_t* planes() const noexcept { return planes_.data(); }
+  /// The tables of the AVX-512 decode and encode (q8_loop.hpp).
+  const q8_simd_tables& simd() const noexcept { return simd_; }
 
   /// Magnitude slices: exponent and top mant_bits of the mantissa, from 2^-min_exp up;
   /// everything below falls in slice 0 and everything above 1.0 in the last.
@@ -173,10 +211,63 @@ class q8_codebook {
     lut_[k] = static_cast<std::int32_t>(ca) | static_cast<std::int32_t>((lo & 0xffffu) << 8);
   }
 
+  void build_simd_tables() {
+    q8_simd_tables& t = simd_;
+    for (std::size_t c = 0; c < 256; ++c) {
+      const std::uint32_t v = std::bit_cast<std::uint32_t>(value_[c]);
+      const std::uint32_t h = std::bit_cast<std::uint32_t>(c < 255 ? threshold_[c] : std::numeric_limits<float>::infinity());
+      for (std::size_t k = 0; k < 4; ++k) {
+        t.value_planes[k][c] = static_cast<std::uint8_t>(v >> (8 * k));
+        t.threshold_planes[k][c] = static_cast<std::uint8_t>(h >> (8 * k));
+      }
+    }
+    // The estimate's lines: through (10^(d-7), first code of decade d - 1/2) and
+    // (10^(d-6), its last code + 1/2), fitted to whatever map this is; the checks below say
+    // whether they serve it (a map without a code of 0, or a decade without codes, does not).
+    const std::uint8_t z = zero_code();
+    bool fits = value_[z] == 0.0f;
+    for (int d = 0; d < 7; ++d) {
+      const double lo = std::pow(10.0, d - 7), hi = std::pow(10.0, d - 6);
+      int first = -1, count = 0;
+      for (int c = 0; c < 256; ++c)
+        if (value_[static_cast<std::size_t>(c)] >= lo && value_[static_cast<std::size_t>(c)] < hi) {
+          if (first < 0) first = c;
+          ++count;
+        }
+      fits = fits && count > 0;
+      const double slope = count / (hi - lo);
+      t.slope[d] = static_cast<float>(slope);
+      t.offset[d] = static_cast<float>(first - 0.5 - lo * slope);
+    }
+    float start_of[7];  // the float where decade d starts (d >= 1)
+    for (int d = 1; d < 7; ++d) start_of[d] = static_cast<float>(std::pow(10.0, d - 7));
+    for (int j = 0; j < 32; ++j) {  // octave [2^(j-31), 2^(j-30)); below 2^-31, j = 0
+      const float start = std::ldexp(1.0f, j - 31), end = std::ldexp(1.0f, j - 30);
+      t.decade[j] = 0;
+      t.bound[j] = std::numeric_limits<float>::infinity();
+      for (int d = 1; d < 7; ++d) {
+        if (start_of[d] <= start) t.decade[j] = d;
+        else if (start_of[d] < end) t.bound[j] = start_of[d];
+      }
+    }
+    t.mirror = 2 * static_cast<int>(z) - 1;
+    // e(y) is monotone in y where the estimate is (one line per decade, switched at the
+    // decade's bound, mirrored at zero), and so is nearest(y). So e(y) <= nearest(y) <=
+    // e(y) + 1 for all |y| < 2 holds if it holds at each threshold (where the code steps up)
+    // and at the float just below it, and the lines do not step down at a bound. (Every
+    // threshold is below 2: build_slice refuses one in the last lookup slice.)
+    for (std::size_t c = 0; fits && c < 255; ++c) {
+      const float at = threshold_[c], below = std::nextafter(at, -std::numeric_limits<float>::infinity());
+      fits = t.estimate(at) >= static_cast<int>(c) && t.estimate(below) <= static_cast<int>(c);
+    }
+    for (int d = 1; fits && d < 7; ++d) fits = t.estimate(std::nextafter(start_of[d], 0.0f)) <= t.estimate(start_of[d]);
+    t.has_estimate = fits && t.estimate(-0.0f) <= t.estimate(0.0f);
+  }
+
   std::array<float, 256> value_{};
   std::array<float, 255> threshold_{};
   std::vector<std::int32_t> lut_;
-  std::array<std::uint8_t, 1024> planes_{};
+  q8_simd_tables simd_;
 };
 
 /// The signed map (first moments) and the unsigned map (second moments), built once.
