@@ -606,31 +606,72 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
 }
 
 
-/// The window's fast path is taken: values inside it leave nothing for the fixed_sum, and
-/// one far outside it is handed over.
+/// The window's fast path is taken: an unset window takes nothing and is opened by the
+/// first value handed to the fixed_sum; then values inside it leave nothing for the
+/// fixed_sum, zeros are dropped, and values outside it (and subnormals, Inf, NaN) are
+/// handed over.
 BOOST_AUTO_TEST_CASE(column_window_takes_values_inside_and_hands_over_the_rest) {
   std::array<double, 16> acc{};
   std::array<std::uint32_t, 16> lo;
   lo.fill(detail::column_window::unset);
+  std::array<fixed_sum, 16> sums{};
   std::array<float, 16> in, rest;
   in.fill(1.5f);
   in[3] = 0.0f;
-  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) == 0u);
-  BOOST_TEST(acc[0] == 1.5);
-  BOOST_TEST(acc[3] == 0.0);
-  for (float x : rest) BOOST_TEST(x == 0.0f);
+  in[4] = -0.0f;
+  in[7] = std::numeric_limits<float>::denorm_min();
+  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) != 0u);
+  for (double a : acc) BOOST_TEST(a == 0.0);  // nothing is taken by an unset window
+  BOOST_TEST(rest[0] == 1.5f);
+  detail::add_misses(sums.data(), lo.data(), rest.data(), rest.size());
+  BOOST_TEST(sums[0].value() == 1.5);
+  BOOST_TEST(lo[0] == detail::column_window::window_at(127 - 14));  // opened at 1.5
+  BOOST_TEST(lo[3] == detail::column_window::unset);  // zeros open nothing
+  BOOST_TEST(lo[4] == detail::column_window::unset);
+  BOOST_TEST(lo[7] == detail::column_window::unset);  // nor do subnormals
+  BOOST_TEST(sums[7].value() == static_cast<double>(std::numeric_limits<float>::denorm_min()));
   in.fill(1.0f);
+  in[3] = 0.0f;
+  // Columns 4 and 7 are still unset: their 1.0 goes to the fixed_sum and opens them.
+  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) != 0u);
+  BOOST_TEST(acc[0] == 1.0);
+  for (std::size_t j = 0; j < rest.size(); ++j) BOOST_TEST(rest[j] == (j == 4 || j == 7 ? 1.0f : 0.0f), "column " << j);
+  detail::add_misses(sums.data(), lo.data(), rest.data(), rest.size());
+  BOOST_TEST(lo[4] == lo[0]);
+  BOOST_TEST(lo[7] == lo[0]);
+  BOOST_TEST(lo[3] == detail::column_window::unset);
+  in.fill(2.0f);
+  in[3] = -0.0f;
   in[5] = std::ldexp(1.0f, 40);   // 40 exponents above 1.5's window
   in[6] = std::ldexp(1.0f, -20);  // below it
+  in[8] = std::numeric_limits<float>::infinity();
+  in[9] = std::numeric_limits<float>::quiet_NaN();
+  // 1.5 opened exponents 113 .. 134: magnitudes 2^-14 up to just below 2^8.
+  in[10] = 128.0f;                 // the top exponent
+  in[11] = std::ldexp(1.0f, -14);  // the bottom one
+  in[12] = std::ldexp(1.0f, -15);  // just below
+  in[13] = 255.9f;                  // inside, near the top
+  in[14] = 256.0f;                  // just above
   BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), in.data(), rest.data(), in.size()) != 0u);
-  BOOST_TEST(acc[0] == 2.5);
-  BOOST_TEST(acc[5] == 1.5);
+  BOOST_TEST(acc[0] == 3.0);
+  BOOST_TEST(acc[3] == 0.0);
+  BOOST_TEST(rest[0] == 0.0f);
   BOOST_TEST(rest[5] == std::ldexp(1.0f, 40));
   BOOST_TEST(rest[6] == std::ldexp(1.0f, -20));
-  BOOST_TEST(rest[0] == 0.0f);
-  std::array<fixed_sum, 16> sums{};
-  detail::fold_windows(acc.data(), lo.data(), sums.data(), acc.size(), 2);
-  BOOST_TEST(sums[0].value() == 2.5);
+  BOOST_TEST(std::isinf(rest[8]));
+  BOOST_TEST(std::isnan(rest[9]));
+  BOOST_TEST(rest[10] == 0.0f);
+  BOOST_TEST(acc[10] == 129.0);
+  BOOST_TEST(rest[11] == 0.0f);
+  BOOST_TEST(acc[11] == 1.0 + std::ldexp(1.0, -14));
+  BOOST_TEST(rest[12] == std::ldexp(1.0f, -15));
+  BOOST_TEST(rest[13] == 0.0f);
+  BOOST_TEST(rest[14] == 256.0f);
+  std::array<float, 16> none{};
+  none[2] = -0.0f;
+  BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), none.data(), rest.data(), none.size()) == 0u);
+  detail::fold_windows(acc.data(), lo.data(), sums.data(), acc.size(), 3);
+  BOOST_TEST(sums[0].value() == 4.5);
   BOOST_TEST(acc[0] == 0.0);
   BOOST_TEST(lo[0] != detail::column_window::unset);  // re-centred on the mean
 }

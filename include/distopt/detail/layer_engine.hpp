@@ -215,6 +215,9 @@ struct layer_engine {
       lt_[i].factored = Policy::factored(h, tensors[i].shape);
       for (int k = 0; k < Policy::max_state_slots; ++k)
         if (k < o.slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
+      if (lt_[i].factored && (lt_[i].slot_mask & ~detail::factored_slots<Policy>()) != 0)
+        throw std::logic_error(std::string(Policy::name) + ": tensor '" + tensors[i].name +
+                               "' is factored and keeps a state slot outside the policy's factored_slots");
     }
     for (std::size_t c = 0; c < pieces.size(); ++c)
       for (int k = 0; k < Policy::max_state_slots; ++k)

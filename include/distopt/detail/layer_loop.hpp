@@ -32,22 +32,24 @@ namespace distopt::detail {
 /// read-modify-writes; here it is a few vector instructions per element).
 ///
 /// Each column has a window of 22 fp32 biased exponents, lo .. lo + 21 (1 <= lo <= 233),
-/// kept as the fp32 bits of 2^(lo - 127). A value whose magnitude lies in the window, or a
-/// zero, is added to the column's double: every such value is an integer multiple of
+/// kept as the fp32 bits of 2^(lo - 127). A value whose magnitude lies in the window is
+/// added to the column's double: every such value is an integer multiple of
 /// 2^(lo - 150) below 2^(lo - 150 + 45), so up to 256 of them (max_rows; a column gets at
 /// most one value per row of its matrix) sum to an integer below 2^53 units, exactly, in
-/// any order. Values outside the window (and subnormals, Inf, NaN) go straight to the
-/// fixed_sum. Every max_rows rows, when the matrix changes and at the end of a work item,
-/// the doubles are folded into the fixed_sums (exact: fixed_sum::add(double) adds any
-/// multiple of 2^-149 below 2^168, and a fold is below 2^136). Every value is thus added
-/// exactly either way, and the sums are the same bits as adding each value to its
-/// fixed_sum: the window only decides how fast.
+/// any order. Other nonzero values (outside the window, subnormals, Inf, NaN) go straight
+/// to the fixed_sum; zeros are dropped. Every max_rows rows, when the matrix changes and at
+/// the end of a work item, the doubles are folded into the fixed_sums (exact:
+/// fixed_sum::add(double) adds any multiple of 2^-149 below 2^168, and a fold is below
+/// 2^136). Every value is thus added exactly either way, and the sums are the same bits as
+/// adding each value to its fixed_sum: the window only decides how fast.
 ///
-/// The window is a guess that only costs speed when wrong: an unset window starts 14
-/// exponents below the first nonzero value it sees, and a fold re-centres it 15 exponents
-/// below |the column's double| / rows (its mean, for values of one sign).
+/// The window is a guess that only costs speed when wrong: an unset window takes no value,
+/// and opens 14 exponents below the first nonzero normal value handed to the fixed_sum; a
+/// fold re-centres it 15 exponents below |the column's double| / rows (its mean, for values
+/// of one sign).
 struct column_window {
-  static constexpr std::uint32_t unset = 0xffffffffu;    // accepts only zeros
+  /// No magnitude m has (m - unset) mod 2^32 < span, so an unset window takes nothing.
+  static constexpr std::uint32_t unset = 0xc0000000u;
   static constexpr std::uint32_t span = 22u << 23;       // 22 exponents, in fp32 bits
   static constexpr std::size_t max_rows = 256;           // 45 + 8 = 53 bits
   static constexpr std::size_t none = ~std::size_t{0};
@@ -66,25 +68,37 @@ struct column_window {
 };
 
 /// Adds `m` column values to their windows; a value that does not fit is written to `rest`
-/// (every other entry of `rest` is +0). Returns nonzero if any did not fit. Branch-free
-/// integer selects, so that GCC vectorises it in every clone.
-DISTOPT_HD DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc, std::uint32_t* DISTOPT_RESTRICT lo,
-                                            const float* DISTOPT_RESTRICT v, float* DISTOPT_RESTRICT rest,
-                                            std::size_t m) {
+/// (every other entry of `rest` is +0, a zero value may leave -0). Returns nonzero if a
+/// nonzero value did not fit: then add_misses takes the rest. One unsigned subtract and
+/// compare per value, branch-free, so that GCC vectorises it in every clone (with the
+/// window's two bounds, its opening and a zero test in the loop, the AVX-512 clone took 28
+/// instructions per 16 values; this takes 18).
+DISTOPT_HD DISTOPT_INLINE std::uint32_t add_to_windows(double* DISTOPT_RESTRICT acc,
+                                                       const std::uint32_t* DISTOPT_RESTRICT lo,
+                                                       const float* DISTOPT_RESTRICT v, float* DISTOPT_RESTRICT rest,
+                                                       std::size_t m) {
   std::uint32_t miss = 0;
   for (std::size_t j = 0; j < m; ++j) {
     const std::uint32_t u = __builtin_bit_cast(std::uint32_t, v[j]);
-    const std::uint32_t mag = u & 0x7fffffffu;
-    const std::int32_t e = static_cast<std::int32_t>(mag >> 23);
-    std::uint32_t l = lo[j];
-    l = ((l == column_window::unset) & (e >= 1) & (e <= 254)) ? column_window::window_at(e - 14) : l;
-    lo[j] = l;
-    const std::uint32_t fits = ((mag >= l) & (mag < l + column_window::span)) | (mag == 0);
-    acc[j] += static_cast<double>(__builtin_bit_cast(float, u & (0u - fits)));
-    rest[j] = __builtin_bit_cast(float, u & (fits - 1u));
-    miss |= fits ^ 1u;
+    const std::uint32_t fits = ((u & 0x7fffffffu) - lo[j]) < column_window::span ? 0xffffffffu : 0u;
+    acc[j] += static_cast<double>(__builtin_bit_cast(float, u & fits));
+    const std::uint32_t r = u & ~fits;
+    rest[j] = __builtin_bit_cast(float, r);
+    miss |= r & 0x7fffffffu;
   }
   return miss;
+}
+
+/// The values add_to_windows left in `rest`: each nonzero one is added to its column's
+/// fixed_sum, and opens its column's window if that is unset and the value normal.
+DISTOPT_HD inline void add_misses(fixed_sum* sums, std::uint32_t* lo, const float* rest, std::size_t m) {
+  for (std::size_t j = 0; j < m; ++j) {
+    const std::uint32_t mag = __builtin_bit_cast(std::uint32_t, rest[j]) & 0x7fffffffu;
+    if (mag == 0) continue;
+    sums[j].add(rest[j]);
+    const std::int32_t e = static_cast<std::int32_t>(mag >> 23);
+    if (lo[j] == column_window::unset && e >= 1 && e <= 254) lo[j] = column_window::window_at(e - 14);
+  }
 }
 
 /// Folds `n` columns' doubles into their fixed_sums and re-centres their windows.
@@ -162,6 +176,17 @@ const Enc* zero_states() {
   return zeros;
 }
 
+/// The state slots a factored tensor of `Policy` may keep: its optional `factored_slots`
+/// (bit k: slot k), else all. A slot outside it is neither read nor written in a factored
+/// tensor's element pass (the engine checks uses_slot against it), which keeps the
+/// zeros and scratch of slots a tensor does not keep out of the loop: in Adafactor's and
+/// CAME's phase 1 they were two streams beside the one of the grads.
+template <class Policy>
+constexpr unsigned factored_slots() {
+  if constexpr (requires { Policy::factored_slots; }) return Policy::factored_slots;
+  else return ~0u;
+}
+
 /// One phase's element pass over `n` elements of a piece, and the statistics it emits.
 /// With `Absent` (device executors), a slot the tensor does not keep has null pointers: it
 /// reads zeros and is not written (a device has no thread-local scratch to write it to).
@@ -177,6 +202,8 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
   constexpr int CV = Factored ? Policy::col_values : 0;
   constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
   constexpr int OUT = spec.tensor_sums + spec.row_sums + spec.col_sums;
+  constexpr unsigned kept = Factored ? factored_slots<Policy>() : ~0u;
+  constexpr unsigned reads = spec.reads_slots & kept, writes = spec.writes_slots & kept;
   // The element pass writes each element's emitted values here (a run of at most `sub`
   // elements), and a second, short loop sums them: the element loop itself has no
   // reduction in it and vectorises like update_range.
@@ -226,14 +253,14 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
         }
         float st[MS] = {};
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.reads_slots >> k) & 1u && (!Absent || a.state_in[k])) st[k] = to_float(a.state_in[k][j]);
+          if ((reads >> k) & 1u && (!Absent || a.state_in[k])) st[k] = to_float(a.state_in[k][j]);
         float cv[CV > 0 ? CV : 1] = {};
         for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c0 + jj];
         float out[OUT > 0 ? OUT : 1] = {};
         Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
                                                   to_float(a.grad[j]) * scale, st, out);
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((spec.writes_slots >> k) & 1u && (!Absent || a.state_out[k])) a.state_out[k][j] = from_float<Enc>(st[k]);
+          if ((writes >> k) & 1u && (!Absent || a.state_out[k])) a.state_out[k][j] = from_float<Enc>(st[k]);
         if constexpr (spec.writes_param) {
           if constexpr (Mode == param_mode::master) {
             a.master[j] = value;
@@ -253,11 +280,8 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
       for (int k = 0; k < CS; ++k) {
         const std::size_t at = k * a.col_count + (c0 - a.col_first);
         float rest[sub];
-        if (add_to_windows(a.window->acc + at, a.window->lo + at, emitted[spec.tensor_sums + spec.row_sums + k], rest, m)) {
-          fixed_sum* cs = a.col_sums + at;
-          for (std::size_t jj = 0; jj < m; ++jj)
-            if (__builtin_bit_cast(std::uint32_t, rest[jj]) != 0) cs[jj].add(rest[jj]);
-        }
+        if (add_to_windows(a.window->acc + at, a.window->lo + at, emitted[spec.tensor_sums + spec.row_sums + k], rest, m))
+          add_misses(a.col_sums + at, a.window->lo + at, rest, m);
       }
     }
     for (int k = 0; k < TS; ++k) a.tensor_sums[k].add(combine_lanes(tl[k]));

@@ -120,6 +120,7 @@ struct adafactor {
   static bool factored(const hyper_params&, std::span<const std::int64_t> shape) {
     return detail::has_matrix_shape(shape);
   }
+  static constexpr unsigned factored_slots = 2u;  // a factored tensor keeps exp_avg at most
   static bool uses_slot(const hyper_params& h, int slot, bool factored) {
     return slot == 0 ? !factored : h.beta1.has_value();
   }

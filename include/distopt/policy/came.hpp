@@ -96,6 +96,7 @@ struct came {
   static bool factored(const hyper_params&, std::span<const std::int64_t> shape) {
     return detail::has_matrix_shape(shape);
   }
+  static constexpr unsigned factored_slots = 1u;  // a factored tensor keeps exp_avg only
   static bool uses_slot(const hyper_params&, int slot, bool factored) { return slot == 0 || !factored; }
 
   template <int Phase, bool Factored>
