@@ -1149,6 +1149,26 @@ BOOST_AUTO_TEST_CASE(set_hyper_refuses_a_slot_that_was_not_kept) {
   BOOST_CHECK_THROW(a.set_hyper(0, h), std::invalid_argument);
 }
 
+/// Adafactor declaring that a factored tensor keeps no state slot, while its uses_slot
+/// keeps exp_avg (slot 1) with beta1: layer_range would neither read nor write it.
+struct adafactor_misdeclared : adafactor {
+  static constexpr unsigned factored_slots = 0u;
+};
+
+BOOST_AUTO_TEST_CASE(factored_slots_must_cover_the_slots_a_factored_tensor_keeps) {
+  layout l;
+  l.add("bias", {8});
+  l.add("w", {8, 8});
+  std::string what;
+  try {
+    optimizer<adafactor_misdeclared> a(l, adafactor_lr_beta1());
+  } catch (const std::logic_error& e) {
+    what = e.what();
+  }
+  BOOST_TEST(what.find("adafactor: tensor 'w' is factored and keeps a state slot outside") != std::string::npos, what);
+  BOOST_CHECK_NO_THROW(optimizer<adafactor_misdeclared>(l, adafactor_relative()));  // no beta1: nothing kept
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace
