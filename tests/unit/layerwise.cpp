@@ -667,6 +667,22 @@ BOOST_AUTO_TEST_CASE(column_window_takes_values_inside_and_hands_over_the_rest) 
   BOOST_TEST(rest[12] == std::ldexp(1.0f, -15));
   BOOST_TEST(rest[13] == 0.0f);
   BOOST_TEST(rest[14] == 256.0f);
+  const std::array<std::uint32_t, 16> before = lo;
+  detail::add_misses(sums.data(), lo.data(), rest.data(), rest.size());
+  BOOST_TEST((lo == before));  // a miss leaves a set window alone, Inf and NaN open none
+  BOOST_TEST(std::isinf(sums[8].value()));
+  BOOST_TEST(std::isnan(sums[9].value()));
+  BOOST_TEST(sums[5].value() == 1.5 + std::ldexp(1.0, 40));  // 1.5 opened it, 1.0 sits in acc[5]
+  // The highest window: FLT_MAX fits, Inf (one exponent above its top) does not.
+  std::array<std::uint32_t, 2> top{detail::column_window::window_at(250), detail::column_window::window_at(250)};
+  BOOST_TEST(top[0] == 233u << 23);
+  std::array<double, 2> top_acc{};
+  std::array<float, 2> top_in{std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity()}, top_rest{};
+  BOOST_TEST(detail::add_to_windows(top_acc.data(), top.data(), top_in.data(), top_rest.data(), 2) != 0u);
+  BOOST_TEST(top_acc[0] == static_cast<double>(std::numeric_limits<float>::max()));
+  BOOST_TEST(top_rest[0] == 0.0f);
+  BOOST_TEST(top_acc[1] == 0.0);
+  BOOST_TEST(top_rest[1] == -std::numeric_limits<float>::infinity());
   std::array<float, 16> none{};
   none[2] = -0.0f;
   BOOST_TEST(detail::add_to_windows(acc.data(), lo.data(), none.data(), rest.data(), none.size()) == 0u);
