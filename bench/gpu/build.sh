@@ -14,7 +14,8 @@ arch=${CUDA_ARCH:-90}
 build=${BUILD_DIR:-build-gpu}
 bundle=$build/bundle
 programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/test_cuda_layerwise
-          tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step)
+          tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
+          bench/gpu/distopt-bench-gpu-layerwise)
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DDISTOPT_BUILD_EXAMPLES=OFF -DDISTOPT_STATIC_RUNTIMES=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null

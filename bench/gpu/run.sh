@@ -2,7 +2,7 @@
 # The run half of the GPU run, on the lent GPU machine, in one call: needs nothing but the
 # folder bench/gpu/build.sh made (it builds nothing). Runs the GPU tests (the update
 # kernels and optimizer<..., cuda> bit for bit against the CPU executor, with threads and
-# with nccl as its communicator, the NCCL communicator alone), the benchmarks (the update kernels alone, and the optimizer's whole step)
+# with nccl as its communicator, the NCCL communicator alone), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
 # with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips them), then
 # compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
 # each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
@@ -58,6 +58,9 @@ timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/d
 # The optimizer's step (the path users run), default options and the check off.
 timeout 120 "$bundle/distopt-bench-gpu-step" --params "$params" --json "$out/distopt.jsonl" 2>&1 |
   tee -a "$out/distopt.txt" || status=1
+# The layer-wise policies' step (lamb, adafactor, came) beside AdamW on the same tensors.
+timeout 150 "$bundle/distopt-bench-gpu-layerwise" --params "${LW_PARAMS:-$params}" --repeats 3 \
+  --json "$out/distopt.jsonl" 2>&1 | tee -a "$out/distopt.txt" || status=1
 # Variants of the step benchmark built beside it (experiments), printed only.
 for v in "$bundle"/distopt-bench-gpu-step-*; do
   [ -x "$v" ] || continue

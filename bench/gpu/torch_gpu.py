@@ -80,6 +80,11 @@ def main():
         # Factored second moments: param read + write, grad read, row/col statistics
         # negligible; torch's implementation makes several passes over the grads.
         cases.append(("torch", "adafactor", "fp32", "fp32", "fp32", f32, 12, lambda p: torch.optim.Adafactor(p)))
+    try:
+        from transformers.optimization import Adafactor as HFAdafactor  # the reference of distopt's adafactor
+        cases.append(("transformers", "adafactor", "fp32", "fp32", "fp32", f32, 12, lambda p: HFAdafactor(p)))
+    except ImportError:
+        print("torch_gpu.py: no transformers here: its Adafactor is skipped")
     models = [("gpt-like", shapes, n)] * len(cases)
     # Many small tensors: 65,536 of 1,024 elements (distopt-bench-gpu-step's second model).
     cases.append(("torch-fused", "adamw", "fp32", "fp32", "fp32", f32, 28, lambda p: torch.optim.AdamW(p, fused=True)))
@@ -106,6 +111,10 @@ def main():
                     if same and o["state"] == r["state"]:
                         print(f"  {o['policy']} {o['param']}/{o['state']} vs {r['impl']} {r['param']}/{r['state']}: "
                               f"{r['ns_per_param'] / o['ns_per_param']:.2f}x")
+                elif o.get("bench") == "gpu-layerwise-step" and r["model"] == "gpt-like":  # layer-wise step
+                    if o["policy"] == r["policy"] and o["precision"] == r["param"]:
+                        print(f"  {o['policy']} {o['precision']} step() ({o['params'] / 1e6:.0f} M params) vs "
+                              f"{r['impl']} {r['param']}: {r['ns_per_param'] / o['ns_per_param']:.2f}x")
                 elif o.get("bench") == "gpu-step" and o["model"] == r["model"]:  # the optimizer's whole step
                     if o["policy"] == r["policy"] and o["precision"].split("+")[0] == r["param"]:
                         print(f"  step() {o['policy']} {o['precision']} {o['model']}, check {o['check']} vs "
