@@ -3,7 +3,7 @@
 // The layer-wise policies on distopt::cuda against the CPU executor, bit for bit: Lamb's
 // trust ratios, Adafactor's and CAME's row and column statistics (exact sums on the
 // device, merged and reduced on the host), after 20 steps on the layouts whose matrices
-// straddle the shard cuts, on one rank and on d = 1..4 ranks as threads sharing the GPU.
+// straddle the shard cuts and a matrix too wide for the kernel's shared memory, on one rank and on d = 1..4 ranks as threads sharing the GPU.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
 #include "check_cases.hpp"
@@ -17,14 +17,19 @@ int main() {
   using namespace distopt;
   using namespace cuda_check;
   skip_without_device("the layer-wise policies on cuda against cpu");
+  // "wide": a matrix of 12,800 columns, whose column counters (8 B each) do not fit the
+  // kernel's shared memory (exec/cuda/layer_phase.cuh keeps them in global memory), and
+  // one of 600 rows, whose items hold 256 rows or more.
+  auto layouts = harness::layerwise_layouts();
+  layouts.push_back({"wide", {{3, 12800}, {600, 40}, {64}}, std::size_t{1} << 22});
   try {
     check_case<lamb, fp32, precision<float>>("lamb trust ratios, fp32", {harness::lamb_case()}, {}, dtype::f32,
-                                             harness::layerwise_layouts());
+                                             layouts);
     check_case<adafactor, fp32, precision<bf16, bf16>>("adafactor beta1, bf16 params + master",
                                                        {harness::adafactor_lr_beta1()}, {}, dtype::bf16,
-                                                       harness::layerwise_layouts());
+                                                       layouts);
     check_case<came, bf16, precision<float>>("came, bf16 states", {harness::came_case()}, {}, dtype::f32,
-                                             harness::layerwise_layouts());
+                                             layouts);
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;

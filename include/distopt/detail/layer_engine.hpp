@@ -31,117 +31,11 @@
 #include "engines.hpp"
 #include "fixed_sum.hpp"
 #include "layer_loop.hpp"
+#include "layer_phase.hpp"
 #include "shard_plan.hpp"
 #include "update_loop.hpp"
 
 namespace distopt::detail {
-
-/// A work item of the layer-wise element pass as a device reads it: its pieces, the
-/// geometry of its tensor, and where its statistics live in the engine's device buffers.
-struct layer_item_desc {
-  std::size_t piece_begin = 0, piece_end = 0;
-  std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
-  std::size_t tensor_offset = 0;  ///< layout index of the tensor's first element
-  std::size_t cols = 0, matrix = 0;  ///< C and R * C of each matrix (factored tensors)
-  std::size_t rows_total = 0, cols_total = 0;  ///< matrices * R and matrices * C
-  std::size_t values_at = 0;  ///< the tensor's values in the statistics mirror; then its row and column values
-  std::size_t sums_at[4] = {};  ///< per phase: the item's first fixed_sum (each phase's sums packed)
-  std::size_t cols_at = 0;      ///< the item's first column double and window exponent
-  unsigned slot_mask = 0;
-  bool factored = false;
-};
-
-/// A piece's offsets in the compact state slot buffers (a plain array a device can read).
-struct slot_offsets {
-  std::size_t at[4] = {};
-};
-
-/// Phase P's element pass on a device executor, one work item per call (a reduction: its
-/// body adds its own statistics in its fixed order, as the host loop does), through the
-/// same layer_range. The item's exact sums and column windows are zeroed here, and the
-/// host merges them after the launch (layer_engine::reduce_layer_sums).
-template <class Policy, int P, param_mode Mode, class Param, class Grad, class State>
-struct layer_phase_body {
-  const layer_item_desc* items = nullptr;
-  std::size_t first_item = 0;
-  const shard_piece* pieces = nullptr;
-  const slot_offsets* slots = nullptr;  ///< per piece
-  const typename Policy::scalars* scalars = nullptr;  ///< per group
-  Param* params = nullptr;
-  bool params_local = false;
-  const Grad* grads = nullptr;
-  bool grads_local = false;
-  float* master = nullptr;
-  State* state[4] = {};
-  float grad_scale = 1.0f;
-  std::uint64_t key = 0;
-  std::size_t block = 1;
-  const float* stats = nullptr;  ///< the statistics mirror: each tensor's values, row and column values
-  fixed_sum* sums = nullptr;
-  double* col_acc = nullptr;
-  std::uint32_t* col_lo = nullptr;  ///< this phase's window exponents (kept from step to step)
-
-  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
-  DISTOPT_HD void operator()(std::size_t j, std::size_t, std::size_t) const {
-    constexpr phase_spec spec = Policy::phases[P];
-    const layer_item_desc& it = items[first_item + j];
-    const bool f = it.factored;
-    fixed_sum* ts = sums + it.sums_at[P];
-    fixed_sum* rs = ts + spec.tensor_sums;
-    fixed_sum* cs = rs + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0);
-    const std::size_t n_sums = spec.tensor_sums + (f ? static_cast<std::size_t>(spec.row_sums) * it.row_count +
-                                                          static_cast<std::size_t>(spec.col_sums) * it.col_count
-                                                    : 0);
-    for (std::size_t k = 0; k < n_sums; ++k) ts[k] = fixed_sum{};
-    const std::size_t n_cols = f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0;
-    for (std::size_t k = 0; k < n_cols; ++k) col_acc[it.cols_at + k] = 0.0;
-    column_window w{col_acc + it.cols_at, col_lo + it.cols_at, 0, column_window::none, column_window::none};
-    layer_args<Param, Grad, State> a{};
-    a.grad_scale = grad_scale;
-    a.random_key = key;
-    a.cols = it.cols;
-    a.matrix = it.matrix;
-    a.block = block;
-    a.tensor_values = stats + it.values_at;
-    const float* rv = a.tensor_values + Policy::tensor_values;
-    const float* cv = rv + static_cast<std::size_t>(Policy::row_values) * it.rows_total;
-    for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = rv + static_cast<std::size_t>(k) * it.rows_total;
-    for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = cv + static_cast<std::size_t>(k) * it.cols_total;
-    a.tensor_sums = ts;
-    a.row_sums = rs;
-    a.col_sums = cs;
-    a.window = &w;
-    a.row_first = it.row_first;
-    a.row_count = it.row_count;
-    a.col_first = it.col_first;
-    a.col_count = it.col_count;
-    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
-      const shard_piece& pc = pieces[c];
-      a.param = params + (params_local ? pc.local : pc.buffer);
-      a.grad = grads + (grads_local ? pc.local : pc.buffer);
-      a.master = master ? master + pc.local : nullptr;
-      for (int k = 0; k < Policy::max_state_slots; ++k) {
-        State* s = (it.slot_mask >> k) & 1u ? state[k] + slots[c].at[k] : nullptr;
-        a.state_out[k] = s;
-        a.state_in[k] = s;
-      }
-      a.random_base = pc.layout;
-      a.first = pc.layout - it.tensor_offset;
-      const typename Policy::scalars& sc = scalars[pc.group];
-      if (f) layer_range<Policy, P, true, Mode, Param, Grad, State, true>(sc, a, pc.count);
-      else layer_range<Policy, P, false, Mode, Param, Grad, State, true>(sc, a, pc.count);
-    }
-    if constexpr (spec.col_sums > 0)
-      if (f) fold_matrix(w, cs, static_cast<std::size_t>(spec.col_sums), it.cols, it.col_first, it.col_count);
-  }
-};
-
-/// Calls a reduction phase's body once per item: f(j) = body(j, 0, 1), for parallel_for.
-template <class Body>
-struct one_call_per_item {
-  Body body;
-  DISTOPT_HD void operator()(std::size_t j) const { body(j, 0, 1); }
-};
 
 /// The layer-wise part of an optimizer<Policy, ...> with states of type State on executor
 /// Exec. Its functions take the optimizer (whose friend it is) for the buffers, plan and
@@ -153,9 +47,11 @@ struct one_call_per_item {
 template <class Policy, class State, class Exec>
 struct layer_engine {
   static constexpr bool on_device = !host_memory<Exec>;
-  /// Device executors: the fewest matrix rows of a factored tensor in one work item
-  /// (256: CAME's two column sums cost about 0.7 B per element).
-  static constexpr std::size_t device_item_rows = 256;
+  /// Device executors: the fewest matrix rows of a factored tensor in one work item. The
+  /// CUDA kernel runs a thread block per item: 256 rows left most of an H200 idle (ncu,
+  /// 2026-11-28: 192 blocks for 60 M params, 17 % of the warps active); each item keeps exact
+  /// column sums of 88 B, about 1.4 B per element at 64 rows.
+  static constexpr std::size_t device_item_rows = 64;
 
   /// How the statistics wires (host memory) are summed over a group: the optimizer's
   /// all_reduce_host, which stages them through device memory for a device communicator.
@@ -410,11 +306,11 @@ struct layer_engine {
     constexpr phase_spec spec = Policy::phases[P];
     constexpr bool last = P + 1 == layer_phases();
     for (layer_item& it : items_) {
-      const bool f = lt_[it.tensor].factored;
-      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
-      it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
       if constexpr (!on_device) {  // a device keeps these in its own memory (init_device)
+        const bool f = lt_[it.tensor].factored;
+        it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+        it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
+        it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
         it.cacc.assign(it.csum.size(), 0.0);
         std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
         if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
@@ -445,10 +341,7 @@ struct layer_engine {
     } else {
       run(0, items_.size());
     }
-    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) {
-      if constexpr (on_device) pull_sums<P>(o);
-      reduce_layer_sums<P>(o);
-    }
+    if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>(o);
     for (std::size_t i = 0; i < lt_.size(); ++i) {
       layer_tensor& t = lt_[i];
       if (!t.local) continue;
@@ -467,7 +360,9 @@ struct layer_engine {
   }
 
   /// Merges the items' sums per tensor, all-reduces them (DP: the tensors cut over ranks;
-  /// TP: the split tensors, along the split axis only) and converts them to double.
+  /// TP: the split tensors, along the split axis only) and converts them to double. On a
+  /// device the merge and the conversion run there (layer_merge_phase), and the host copies
+  /// the merged sums where a wire needs them, else only their doubles.
   template <int P, class Opt>
   void reduce_layer_sums(Opt& o) {
     constexpr phase_spec spec = Policy::phases[P];
@@ -478,14 +373,49 @@ struct layer_engine {
       t.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0, {});
       t.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0, {});
     }
-    for (const layer_item& it : items_) {
-      layer_tensor& t = lt_[it.tensor];
-      for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
-        for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
-      for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
-        for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
+    const bool wires = (Opt::is_sharded && o.comm_.size() > 1) || (o.tp_ && o.tp_->size() > 1);
+    bool converted = false;  // tsum_d, rsum_d, csum_d already hold the values
+    if constexpr (on_device) {
+      layer_merge_phase<Policy, P> merge;
+      merge.tensors = tensors_dev_.data();
+      merge.items = items_dev_.data();
+      merge.item_sums = sums_dev_.data();
+      merge.sums = merged_dev_.data();
+      merge.values = values_dev_.data();
+      detail::launch(o.exec_, lt_.size(), merge);
+      const std::size_t n = merged_count_[static_cast<std::size_t>(P)];
+      if (wires) {
+        detail::copy_bytes(o.exec_, merged_host_.data(), merged_dev_.data(), n * sizeof(fixed_sum));
+      } else {
+        detail::copy_bytes(o.exec_, values_host_.data(), values_dev_.data(), n * sizeof(double));
+        converted = true;
+      }
+      for (std::size_t i = 0; i < lt_.size(); ++i) {
+        layer_tensor& t = lt_[i];
+        const std::size_t at = tdescs_[i].out_at[P];
+        const std::size_t nt = t.tsum.size(), nr = t.rsum.size(), nc = t.csum.size();
+        if (wires) {
+          const fixed_sum* from = merged_host_.data() + at;
+          std::copy(from, from + nt, t.tsum.begin());
+          std::copy(from + nt, from + nt + nr, t.rsum.begin());
+          std::copy(from + nt + nr, from + nt + nr + nc, t.csum.begin());
+        } else {
+          const double* from = values_host_.data() + at;
+          t.tsum_d.assign(from, from + nt);
+          t.rsum_d.assign(from + nt, from + nt + nr);
+          t.csum_d.assign(from + nt + nr, from + nt + nr + nc);
+        }
+      }
+    } else {
+      for (const layer_item& it : items_) {
+        layer_tensor& t = lt_[it.tensor];
+        for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
+        const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
+        for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
+          for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
+        for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
+          for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
+      }
     }
     // Which sums travel where: the same list, in layout order, on every rank of the group.
     const auto for_each_sum = [&](auto&& select, auto&& f) {
@@ -541,9 +471,11 @@ struct layer_engine {
         out.resize(in.size());
         for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
       };
-      convert(t.tsum, t.tsum_d);
-      convert(t.rsum, t.rsum_d);
-      convert(t.csum, t.csum_d);
+      if (!converted) {
+        convert(t.tsum, t.tsum_d);
+        convert(t.rsum, t.rsum_d);
+        convert(t.csum, t.csum_d);
+      }
       const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
       t.view.sums = t.tsum_d;
       for (int k = 0; k < 4; ++k) {
@@ -625,6 +557,7 @@ struct layer_engine {
     }
     stats_host_.assign(stats, 0.0f);
     descs_.clear();
+    max_item_cols_ = 0;
     std::size_t cols = 0;
     phase_sums_.assign(static_cast<std::size_t>(layer_phases()), 0);
     for (const layer_item& it : items_) {
@@ -654,13 +587,41 @@ struct layer_engine {
                           : 0);
       }
       cols += t.factored ? static_cast<std::size_t>(max_cs) * it.col_count : 0;
+      if (t.factored) max_item_cols_ = std::max(max_item_cols_, it.col_count);
       descs_.push_back(d);
     }
     o.in_exec(descs_, items_dev_);
     o.in_exec(slot_offset_, slots_dev_);
+    std::vector<std::size_t> piece_item(o.plan_.pieces().size(), 0);
+    for (std::size_t j = 0; j < items_.size(); ++j)
+      for (std::size_t c = items_[j].piece_begin; c < items_[j].piece_end; ++c) piece_item[c] = j;
+    o.in_exec(piece_item, piece_item_dev_);
     const std::size_t sums = phase_sums_.empty() ? 0 : *std::max_element(phase_sums_.begin(), phase_sums_.end());
-    sums_host_.assign(sums, fixed_sum{});
     sums_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, sums);
+    // Each tensor's items (consecutive: init makes them tensor by tensor) and merged sums.
+    tdescs_.assign(lt_.size(), {});
+    for (std::size_t j = items_.size(); j-- > 0;) tdescs_[items_[j].tensor].first_item = j;
+    for (std::size_t j = 0; j < items_.size(); ++j) tdescs_[items_[j].tensor].end_item = j + 1;
+    merged_count_.assign(static_cast<std::size_t>(layer_phases()), 0);
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor_desc& d = tdescs_[i];
+      if (d.end_item == 0) d.first_item = 0;  // no items
+      d.rows = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].rows : 0;
+      d.cols = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].cols : 0;
+      for (int p = 0; p < layer_phases(); ++p) {
+        const phase_spec& ph = Policy::phases[static_cast<std::size_t>(p)];
+        std::size_t& at = merged_count_[static_cast<std::size_t>(p)];
+        d.out_at[p] = at;
+        at += static_cast<std::size_t>(ph.tensor_sums) + static_cast<std::size_t>(ph.row_sums) * d.rows +
+              static_cast<std::size_t>(ph.col_sums) * d.cols;
+      }
+    }
+    o.in_exec(tdescs_, tensors_dev_);
+    const std::size_t merged = *std::max_element(merged_count_.begin(), merged_count_.end());
+    merged_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, merged);
+    values_dev_ = detail::buffer<double, Exec>(o.exec_, merged);
+    merged_host_.assign(merged, fixed_sum{});
+    values_host_.assign(merged, 0.0);
     scalars_dev_ = detail::buffer<typename Policy::scalars, Exec>(o.exec_, o.groups_.size());
     col_acc_dev_ = detail::buffer<double, Exec>(o.exec_, cols);
     col_count_ = cols;
@@ -668,9 +629,8 @@ struct layer_engine {
     stats_dev_ = detail::buffer<float, Exec>(o.exec_, stats);
   }
 
-  /// Device executors: phase P's element pass over items [begin, end): one call of the body
-  /// per item, a thread each on a GPU (parallel_for; a block per item would leave all but
-  /// one of its threads idle).
+  /// Device executors: phase P's element pass over items [begin, end), a launch of
+  /// layer_phase_body (on cuda its own kernel: a thread block per item).
   template <int P, detail::param_mode Mode, class Opt, class G>
   void launch_items(Opt& o, const typename Policy::scalars* sc, const G* grads, float grad_scale, std::uint64_t key,
                     std::size_t begin, std::size_t end) {
@@ -693,7 +653,11 @@ struct layer_engine {
     body.sums = sums_dev_.data();
     body.col_acc = col_acc_dev_.data();
     body.col_lo = col_lo_dev_.data() + static_cast<std::size_t>(P) * col_count_;
-    o.exec_.parallel_for(end - begin, one_call_per_item<decltype(body)>{body});
+    body.max_cols = static_cast<std::size_t>(Policy::phases[P].col_sums) * max_item_cols_;
+    body.piece_first = begin < end ? items_[begin].piece_begin : 0;
+    body.piece_count = begin < end ? items_[end - 1].piece_end - body.piece_first : 0;
+    body.piece_item = piece_item_dev_.data();
+    detail::launch(o.exec_, end - begin, body);
   }
 
   /// Device executors: the values the element functions read (host vectors the hooks
@@ -708,22 +672,6 @@ struct layer_engine {
       std::copy(t.col_values.begin(), t.col_values.end(), out);
     }
     detail::copy_bytes(o.exec_, stats_dev_.data(), stats_host_.data(), stats_host_.size() * sizeof(float));
-  }
-
-  /// Device executors: every item's sums of phase P (packed), from the device into the host items.
-  template <int P, class Opt>
-  void pull_sums(Opt& o) {
-    detail::copy_bytes(o.exec_, sums_host_.data(), sums_dev_.data(),
-                       phase_sums_[static_cast<std::size_t>(P)] * sizeof(fixed_sum));
-    for (std::size_t j = 0; j < items_.size(); ++j) {
-      layer_item& it = items_[j];
-      const fixed_sum* from = sums_host_.data() + descs_[j].sums_at[P];
-      std::copy(from, from + it.tsum.size(), it.tsum.begin());
-      from += it.tsum.size();
-      std::copy(from, from + it.rsum.size(), it.rsum.begin());
-      from += it.rsum.size();
-      std::copy(from, from + it.csum.size(), it.csum.begin());
-    }
   }
 
   /// set_hyper: the new hyper-parameters of group `g` must not need a slot a tensor lacks.
@@ -758,11 +706,14 @@ struct layer_engine {
     if constexpr (on_device)  // the items' sums and column windows, the values' mirror, the item table
       r.entries.push_back({"statistics (device work)", sums_dev_.bytes() + col_acc_dev_.bytes() + col_lo_dev_.bytes() +
                                                            stats_dev_.bytes() + items_dev_.bytes() + slots_dev_.bytes() +
-                                                           scalars_dev_.bytes()});
+                                                           scalars_dev_.bytes() + tensors_dev_.bytes() + piece_item_dev_.bytes() +
+                                                           merged_dev_.bytes() + values_dev_.bytes()});
     if constexpr (on_device)  // their host copies
-      r.entries.push_back({"statistics (host staging)", sums_host_.size() * sizeof(fixed_sum) +
+      r.entries.push_back({"statistics (host staging)", merged_host_.size() * sizeof(fixed_sum) +
+                                                            values_host_.size() * sizeof(double) +
                                                             stats_host_.size() * sizeof(float) +
-                                                            descs_.size() * sizeof(layer_item_desc)});
+                                                            descs_.size() * sizeof(layer_item_desc) +
+                                                            tdescs_.size() * sizeof(layer_tensor_desc)});
   }
 
   std::vector<layer_tensor> lt_;
@@ -774,12 +725,20 @@ struct layer_engine {
   std::vector<layer_item_desc> descs_;
   std::vector<std::size_t> stat_at_;     // per tensor: its values in the statistics mirror
   std::vector<float> stats_host_;
-  std::vector<fixed_sum> sums_host_;
+  std::vector<layer_tensor_desc> tdescs_;
+  std::vector<std::size_t> merged_count_;  // per phase: the merged sums of all tensors
+  std::vector<fixed_sum> merged_host_;     // the merged sums, where a wire needs them
+  std::vector<double> values_host_;        // else their values
   std::vector<std::size_t> phase_sums_;  // per phase: the fixed_sums of all items
   std::size_t col_count_ = 0;            // column doubles of all items (one phase's window exponents)
+  std::size_t max_item_cols_ = 0;        // the most columns of one factored item
   detail::buffer<layer_item_desc, Exec> items_dev_;
   detail::buffer<slot_offsets, Exec> slots_dev_;
+  detail::buffer<std::size_t, Exec> piece_item_dev_;
   detail::buffer<fixed_sum, Exec> sums_dev_;
+  detail::buffer<layer_tensor_desc, Exec> tensors_dev_;
+  detail::buffer<fixed_sum, Exec> merged_dev_;
+  detail::buffer<double, Exec> values_dev_;
   detail::buffer<double, Exec> col_acc_dev_;
   detail::buffer<std::uint32_t, Exec> col_lo_dev_;
   detail::buffer<float, Exec> stats_dev_;

@@ -187,6 +187,45 @@ constexpr unsigned factored_slots() {
   else return ~0u;
 }
 
+/// Element j of the piece `a` in phase `Phase`: loads what the phase reads, calls the
+/// policy's element function, stores what it writes, and leaves the values it emits in
+/// `out` (tensor sums, then row sums, then column sums). `c`: the element's column among its
+/// tensor's columns (matrix * C + column; factored tensors), `rv`: its row's values. The one
+/// body of the host loop (layer_range) and of the device kernel (exec/cuda/layer_phase.cuh).
+template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc, bool Absent>
+DISTOPT_HD DISTOPT_INLINE void layer_element(const typename Policy::scalars& s, const layer_args<Param, Grad, Enc>& a,
+                                             std::size_t j, std::size_t c, const float* rv, float scale, float* out) {
+  constexpr phase_spec spec = Policy::phases[Phase];
+  constexpr int CV = Factored ? Policy::col_values : 0;
+  constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
+  constexpr unsigned kept = Factored ? factored_slots<Policy>() : ~0u;
+  constexpr unsigned reads = spec.reads_slots & kept, writes = spec.writes_slots & kept;
+  float value = 0.0f;
+  if constexpr (spec.reads_param) {
+    if constexpr (Mode == param_mode::master) value = a.master[j];
+    else value = to_float(a.param[j]);
+  }
+  float st[MS] = {};
+  for (int k = 0; k < Policy::max_state_slots; ++k)
+    if ((reads >> k) & 1u && (!Absent || a.state_in[k])) st[k] = to_float(a.state_in[k][j]);
+  float cv[CV > 0 ? CV : 1] = {};
+  for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c];
+  Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
+                                            to_float(a.grad[j]) * scale, st, out);
+  for (int k = 0; k < Policy::max_state_slots; ++k)
+    if ((writes >> k) & 1u && (!Absent || a.state_out[k])) a.state_out[k][j] = from_float<Enc>(st[k]);
+  if constexpr (spec.writes_param) {
+    if constexpr (Mode == param_mode::master) {
+      a.master[j] = value;
+      a.param[j] = from_float<Param>(value);
+    } else if constexpr (Mode == param_mode::no_master_sr) {
+      a.param[j] = stochastic_round_bf16(value, mix32(a.random_key, a.random_base + j));
+    } else {
+      a.param[j] = from_float<Param>(value);
+    }
+  }
+}
+
 /// One phase's element pass over `n` elements of a piece, and the statistics it emits.
 /// With `Absent` (device executors), a slot the tensor does not keep has null pointers: it
 /// reads zeros and is not written (a device has no thread-local scratch to write it to).
@@ -199,11 +238,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
   constexpr int RS = Factored ? spec.row_sums : 0;
   constexpr int CS = Factored ? spec.col_sums : 0;
   constexpr int RV = Factored ? Policy::row_values : 0;
-  constexpr int CV = Factored ? Policy::col_values : 0;
-  constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
   constexpr int OUT = spec.tensor_sums + spec.row_sums + spec.col_sums;
-  constexpr unsigned kept = Factored ? factored_slots<Policy>() : ~0u;
-  constexpr unsigned reads = spec.reads_slots & kept, writes = spec.writes_slots & kept;
   // The element pass writes each element's emitted values here (a run of at most `sub`
   // elements), and a second, short loop sums them: the element loop itself has no
   // reduction in it and vectorises like update_range.
@@ -245,32 +280,8 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
       const std::size_t m = i + seg - b < sub ? i + seg - b : sub;
       const std::size_t c0 = col + (b - i);
       for (std::size_t jj = 0; jj < m; ++jj) {
-        const std::size_t j = b + jj;
-        float value = 0.0f;
-        if constexpr (spec.reads_param) {
-          if constexpr (Mode == param_mode::master) value = a.master[j];
-          else value = to_float(a.param[j]);
-        }
-        float st[MS] = {};
-        for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((reads >> k) & 1u && (!Absent || a.state_in[k])) st[k] = to_float(a.state_in[k][j]);
-        float cv[CV > 0 ? CV : 1] = {};
-        for (int k = 0; k < CV; ++k) cv[k] = a.col_values[k][c0 + jj];
         float out[OUT > 0 ? OUT : 1] = {};
-        Policy::template element<Phase, Factored>(s, element_stats{a.tensor_values, rv, cv}, value,
-                                                  to_float(a.grad[j]) * scale, st, out);
-        for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((writes >> k) & 1u && (!Absent || a.state_out[k])) a.state_out[k][j] = from_float<Enc>(st[k]);
-        if constexpr (spec.writes_param) {
-          if constexpr (Mode == param_mode::master) {
-            a.master[j] = value;
-            a.param[j] = from_float<Param>(value);
-          } else if constexpr (Mode == param_mode::no_master_sr) {
-            a.param[j] = stochastic_round_bf16(value, mix32(a.random_key, a.random_base + j));
-          } else {
-            a.param[j] = from_float<Param>(value);
-          }
-        }
+        layer_element<Policy, Phase, Factored, Mode, Param, Grad, Enc, Absent>(s, a, b + jj, c0 + jj, rv, scale, out);
         for (int k = 0; k < OUT; ++k) emitted[k][jj] = out[k];
       }
       // b - i is a multiple of 16 (sub is), so value j of the segment lands in lane j % 16.

@@ -12,9 +12,9 @@
 /// loss scaling and the NaN/Inf skip; host communicators (single, threads, mpi, any_comm),
 /// whose collectives the optimizer stages through host memory, and nccl on this executor's
 /// device and stream, handed the device buffers in place. The layer-wise policies
-/// (lamb, adafactor, came) run their element passes here, a thread per work item, with
-/// their statistics merged on the host between passes (detail/layer_engine.hpp; compiled,
-/// not yet run on a GPU). GaLore's engine is a host loop still (the optimizer refuses it
+/// (lamb, adafactor, came) run their element passes here, a thread block per work item
+/// (layer_phase.cuh), with their statistics merged on the host between passes
+/// (detail/layer_engine.hpp). GaLore's engine is a host loop still (the optimizer refuses it
 /// on cuda at compile time). The element-wise step is decided on the device
 /// (engine/decisions.hpp): with `single` it makes no copy and no synchronisation, and a
 /// CUDA graph can capture it. The element
@@ -34,6 +34,7 @@
 #include "../../config.hpp"
 #include "../../space.hpp"
 #include "error.cuh"
+#include "layer_phase.cuh"
 #include "phases.cuh"
 
 namespace distopt {
@@ -179,6 +180,12 @@ class cuda {
   template <class G>
   void launch(std::size_t items, const detail::squares_phase<G>& p) {
     run<cuda_exec::squares_kernel<G>>(items, p, "distopt::cuda squares launch");
+  }
+  /// A layer-wise phase's element pass (layer_phase.cuh): a block per work item.
+  template <class Policy, int P, detail::param_mode Mode, class Param, class Grad, class State>
+  void launch(std::size_t items, const detail::layer_phase_body<Policy, P, Mode, Param, Grad, State>& p) {
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::launch_layer_phase(p, items, multiprocessors(), stream_);
   }
   void launch(std::size_t items, const detail::norm_wire_phase& p) {
     if (items == 0) return;
