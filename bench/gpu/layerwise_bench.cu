@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -119,13 +120,18 @@ int main(int argc, char** argv) {
     std::printf("device: %s; copy %.0f GB/s; GPT-like tensors, %d layers of width 1024\n", prop.name, copy_gbps,
                 layers);
 
+    // DISTOPT_BENCH_ONLY=<policy>: that policy's rows alone (e.g. under a profiler).
+    const char* only_env = std::getenv("DISTOPT_BENCH_ONLY");
+    const std::string only = only_env ? only_env : "";
+    const auto wanted = [&](const char* name) { return only.empty() || only == name; };
     std::vector<row> rows;
-    rows.push_back(run_case<distopt::adamw, float, float>(o, layers, stream));
-    rows.push_back(run_case<distopt::lamb, float, float>(o, layers, stream));
-    rows.push_back(run_case<distopt::adafactor, float, float>(o, layers, stream));
-    rows.push_back(run_case<distopt::came, float, float>(o, layers, stream));
-    rows.push_back(run_case<distopt::adafactor, distopt::bf16, distopt::bf16>(o, layers, stream));
-    rows.push_back(run_case<distopt::came, distopt::bf16, distopt::bf16>(o, layers, stream));
+    if (wanted("adamw")) rows.push_back(run_case<distopt::adamw, float, float>(o, layers, stream));
+    if (wanted("lamb")) rows.push_back(run_case<distopt::lamb, float, float>(o, layers, stream));
+    if (wanted("adafactor")) rows.push_back(run_case<distopt::adafactor, float, float>(o, layers, stream));
+    if (wanted("came")) rows.push_back(run_case<distopt::came, float, float>(o, layers, stream));
+    if (wanted("adafactor")) rows.push_back(run_case<distopt::adafactor, distopt::bf16, distopt::bf16>(o, layers, stream));
+    if (wanted("came")) rows.push_back(run_case<distopt::came, distopt::bf16, distopt::bf16>(o, layers, stream));
+    if (rows.empty()) throw std::invalid_argument("DISTOPT_BENCH_ONLY: no policy '" + only + "'");
 
     std::printf("%-10s %-12s %8s %10s %8s %6s %10s\n", "policy", "params", "B/param", "ns/param", "GB/s", "ratio",
                 "x adamw");
