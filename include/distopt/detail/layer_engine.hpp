@@ -39,11 +39,13 @@ namespace distopt::detail {
 
 /// The layer-wise part of an optimizer<Policy, ...> with states of type State on executor
 /// Exec. Its functions take the optimizer (whose friend it is) for the buffers, plan and
-/// groups. On a host executor the element pass is a host loop per work item; on a device
-/// executor it is a launch of layer_phase_body, whose items' sums are copied to the host
-/// after it. Either way the host merges the sums, reduces them over ranks and runs the
-/// policy's hooks on the row and column states (host vectors), and on a device the values
-/// the element functions read are copied back before the next launch.
+/// groups. On a host executor the element pass is a host loop per work item, and the host
+/// merges the items' sums. On a device executor it is a launch of layer_phase_body (on cuda
+/// a kernel of its own), and a launch of layer_merge_phase merges the items' sums there and
+/// converts them to double; the host copies the doubles, or the merged sums where a DP or TP
+/// wire needs them. Either way the host reduces the sums over ranks and runs the policy's
+/// hooks on the row and column states (host vectors), and on a device the values the
+/// element functions read are copied back before the next launch.
 template <class Policy, class State, class Exec>
 struct layer_engine {
   static constexpr bool on_device = !host_memory<Exec>;
