@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 
@@ -41,6 +42,15 @@ inline options parse(const char* program, int argc, char** argv, int repeats) {
   }
   if (o.params < 1024 || o.repeats < 1) usage(program, "--params must be >= 1024 and --repeats >= 1");
   return o;
+}
+
+/// The --json file opened for appending (none: a closed stream); throws if it cannot be.
+inline std::ofstream open_json(const std::string& path) {
+  std::ofstream json;
+  if (path.empty()) return json;
+  json.open(path, std::ios::app);
+  if (!json) throw std::runtime_error("cannot open " + path);
+  return json;
 }
 
 }  // namespace gpu_bench

@@ -14,7 +14,6 @@
 #include <distopt/exec/cuda/executor.cuh>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -25,24 +24,13 @@
 
 #include "../layerwise_bench.hpp"
 #include "cli.hpp"
+#include "timing.hpp"
 
 namespace {
 
 namespace ce = distopt::cuda_exec;
 
-template <class F>
-double best_seconds(int repeats, cudaStream_t stream, F&& f) {
-  f();
-  ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
+using gpu_bench::best_seconds;
 
 struct row {
   std::string policy, precision;
@@ -95,28 +83,14 @@ row run_case(const gpu_bench::options& o, int layers, cudaStream_t stream) {
 
 int main(int argc, char** argv) {
   const gpu_bench::options o = gpu_bench::parse("distopt-bench-gpu-layerwise", argc, argv, 5);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "distopt-bench-gpu-layerwise: no CUDA device\n");
-    return 1;
-  }
+  const cudaDeviceProp prop = gpu_bench::device_or_exit("distopt-bench-gpu-layerwise");
   try {
-    cudaDeviceProp prop{};
-    ce::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     cudaStream_t stream;
     ce::check(cudaStreamCreate(&stream), "cudaStreamCreate");
     // One layer of width 1,024 holds 12.6 M params, the embedding 8.4 M.
     const int layers = static_cast<int>(std::max<std::size_t>(1, o.params / 12'600'000));
     const std::size_t copy_bytes = lwbench::gpt_layers(layers, 1024, distopt::dtype::f32).numel() * sizeof(float);
-    void *src = nullptr, *dst = nullptr;
-    ce::check(cudaMalloc(&src, copy_bytes), "cudaMalloc");
-    ce::check(cudaMalloc(&dst, copy_bytes), "cudaMalloc");
-    const double copy_s = best_seconds(o.repeats, stream, [&] {
-      ce::check(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-    });
-    cudaFree(src);
-    cudaFree(dst);
-    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_s * 1e-9;
+    const double copy_gbps = gpu_bench::copy_gbps(copy_bytes, o.repeats, stream);
     std::printf("device: %s; copy %.0f GB/s; GPT-like tensors, %d layers of width 1024\n", prop.name, copy_gbps,
                 layers);
 
@@ -135,11 +109,7 @@ int main(int argc, char** argv) {
 
     std::printf("%-10s %-12s %8s %10s %8s %6s %10s\n", "policy", "params", "B/param", "ns/param", "GB/s", "ratio",
                 "x adamw");
-    std::ofstream json;
-    if (!o.json.empty()) {
-      json.open(o.json, std::ios::app);
-      if (!json) throw std::runtime_error("cannot open " + o.json);
-    }
+    std::ofstream json = gpu_bench::open_json(o.json);
     for (const row& r : rows) {
       const double ns = r.seconds / r.params * 1e9, gbps = r.bytes_per_param * r.params / r.seconds * 1e-9;
       std::printf("%-10s %-12s %8.1f %10.4f %8.0f %6.3f %10.1f\n", r.policy.c_str(), r.precision.c_str(),

@@ -16,7 +16,6 @@
 #include <distopt/storage/q8.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -28,6 +27,7 @@
 
 #include "../step_bench.hpp"
 #include "cli.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -35,21 +35,7 @@ namespace ce = distopt::cuda_exec;
 
 using gpu_bench::options;
 
-/// The best of `repeats` calls of f (after one warm-up), in seconds, each ended by a
-/// synchronisation of `stream`.
-template <class F>
-double best_seconds(int repeats, cudaStream_t stream, F&& f) {
-  f();
-  ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ce::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
+using gpu_bench::best_seconds;
 
 struct row {
   std::string policy, model, precision, check;
@@ -114,27 +100,13 @@ double offload_seconds(const options& o, cudaStream_t stream, const distopt::ada
 
 int main(int argc, char** argv) {
   const options o = gpu_bench::parse("distopt-bench-gpu-step", argc, argv, 10);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "distopt-bench-gpu-step: no CUDA device\n");
-    return 1;
-  }
+  const cudaDeviceProp prop = gpu_bench::device_or_exit("distopt-bench-gpu-step");
   try {
-    cudaDeviceProp prop{};
-    ce::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     cudaStream_t stream;
     ce::check(cudaStreamCreate(&stream), "cudaStreamCreate");
     // The roofline: a device-to-device copy of the size of one fp32 array of the model.
     const std::size_t copy_bytes = o.params * sizeof(float);
-    void *src = nullptr, *dst = nullptr;
-    ce::check(cudaMalloc(&src, copy_bytes), "cudaMalloc");
-    ce::check(cudaMalloc(&dst, copy_bytes), "cudaMalloc");
-    const double copy_s = best_seconds(o.repeats, stream, [&] {
-      ce::check(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-    });
-    cudaFree(src);
-    cudaFree(dst);
-    const double copy_gbps = 2.0 * static_cast<double>(copy_bytes) / copy_s * 1e-9;
+    const double copy_gbps = gpu_bench::copy_gbps(copy_bytes, o.repeats, stream);
 
     distopt::adamw::hyper_params w;
     std::vector<row> rows;
@@ -149,11 +121,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s; copy %.0f GB/s (read + write of %zu MB)\n", prop.name, copy_gbps, copy_bytes >> 20);
     std::printf("%-7s %-11s %-12s %-5s %8s %10s %8s %6s\n", "policy", "model", "params", "check", "B/param",
                 "ns/param", "GB/s", "ratio");
-    std::ofstream json;
-    if (!o.json.empty()) {
-      json.open(o.json, std::ios::app);
-      if (!json) throw std::runtime_error("cannot open " + o.json);
-    }
+    std::ofstream json = gpu_bench::open_json(o.json);
     for (const row& r : rows) {
       const double ns = r.seconds / r.params * 1e9, gbps = r.bytes_per_param * r.params / r.seconds * 1e-9;
       std::printf("%-7s %-11s %-12s %-5s %8.0f %10.4f %8.0f %6.2f\n", r.policy.c_str(), r.model.c_str(),

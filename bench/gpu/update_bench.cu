@@ -22,6 +22,7 @@
 
 #include "../step_bench.hpp"
 #include "cli.hpp"
+#include "timing.hpp"
 
 namespace {
 
@@ -156,14 +157,8 @@ row run_q8_case(const options& o, timer& t, const typename Policy::hyper_params&
 
 int main(int argc, char** argv) {
   const options o = gpu_bench::parse("distopt-bench-gpu-update", argc, argv, 20);
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "distopt-bench-gpu-update: no CUDA device\n");
-    return 1;
-  }
+  const cudaDeviceProp prop = gpu_bench::device_or_exit("distopt-bench-gpu-update");
   try {
-    cudaDeviceProp prop{};
-    ce::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     timer t;
     // The roofline: a device-to-device copy of the size of one fp32 array of the model.
     const std::size_t copy_bytes = o.params * sizeof(float);
@@ -198,11 +193,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s; copy %.0f GB/s (read + write of %zu MB)\n", prop.name, copy_gbps, copy_bytes >> 20);
     std::printf("%-8s %-12s %-5s %-5s %8s %10s %8s %6s %6s\n", "policy", "param", "grad", "state", "B/param",
                 "ns/param", "GB/s", "ratio", "vec");
-    std::ofstream json;
-    if (!o.json.empty()) {
-      json.open(o.json, std::ios::app);
-      if (!json) throw std::runtime_error("cannot open " + o.json);
-    }
+    std::ofstream json = gpu_bench::open_json(o.json);
     for (const row& r : rows) {
       const double ns = r.seconds / r.params * 1e9, gbps = r.bytes_per_param * r.params / r.seconds * 1e-9;
       std::printf("%-8s %-12s %-5s %-5s %8.0f %10.4f %8.0f %6.2f %6.3f\n", r.policy.c_str(), r.param.c_str(),
