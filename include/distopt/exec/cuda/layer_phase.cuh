@@ -2,7 +2,10 @@
 // Copyright 2026 the distopt authors
 #pragma once
 /// \file The element pass of a layer-wise phase (detail::layer_phase_body: Lamb, Adafactor,
-/// CAME) as a CUDA kernel: a thread block per work item, grid-stride.
+/// CAME) as CUDA kernels: a thread block per work item for a phase that sums
+/// (layer_phase_kernel), a thread block per piece for one that sums nothing
+/// (layer_pass_kernel), grid-stride. The items' sums are then merged and converted on the
+/// device by detail::layer_merge_phase (the generic phase kernel).
 ///
 /// The host loop (detail::layer_range) walks an item in segments, the intersections of a
 /// layout block with a matrix row, and sums each segment's tensor and row values in double
