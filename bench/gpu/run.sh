@@ -7,7 +7,7 @@
 # compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
 # each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
 # Logs and JSON lines go to $OUT (default ./gpu-results), to copy into bench/RESULTS.md.
-# About 75 s on an H200 (2026-11-27); the layer-wise benchmark and compute-sanitizer on its test add about 40 s (2026-11-28).
+# About 75 s on an H200 (2026-11-27); the layer-wise benchmark and compute-sanitizer on its test add about half a minute (2026-11-28).
 #   device run, carry ["build-gpu/bundle"]:  cd build-gpu/bundle && bash run.sh
 # Run from the repository instead, it uses build-gpu/bundle (or $BUNDLE).
 set -uo pipefail
