@@ -369,14 +369,23 @@ struct layer_engine {
   void reduce_layer_sums(Opt& o) {
     constexpr phase_spec spec = Policy::phases[P];
     constexpr std::size_t W = detail::fixed_sum::wire_size;
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      t.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      t.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0, {});
-      t.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0, {});
-    }
-    const bool wires = (Opt::is_sharded && o.comm_.size() > 1) || (o.tp_ && o.tp_->size() > 1);
-    bool converted = false;  // tsum_d, rsum_d, csum_d already hold the values
+    const bool dp_wire = Opt::is_sharded && o.comm_.size() > 1, tp_wire = o.tp_ && o.tp_->size() > 1;
+    // The exact sums are needed where the host merges the items' sums or a wire carries
+    // them; a device without a wire hands over their values only (tsum_d, rsum_d, csum_d).
+    const bool converted = on_device && !dp_wire && !tp_wire;
+    // This phase's sums of tensor t: tensor sums, row sums, column sums.
+    const auto counts = [&](const layer_tensor& t) {
+      return std::array<std::size_t, 3>{static_cast<std::size_t>(spec.tensor_sums),
+                                        t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0,
+                                        t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0};
+    };
+    if (!converted)
+      for (layer_tensor& t : lt_) {
+        const auto [nt, nr, nc] = counts(t);
+        t.tsum.assign(nt, {});
+        t.rsum.assign(nr, {});
+        t.csum.assign(nc, {});
+      }
     if constexpr (on_device) {
       layer_merge_phase<Policy, P> merge;
       merge.tensors = tensors_dev_.data();
@@ -386,17 +395,13 @@ struct layer_engine {
       merge.values = values_dev_.data();
       detail::launch(o.exec_, lt_.size(), merge);
       const std::size_t n = merged_count_[static_cast<std::size_t>(P)];
-      if (wires) {
-        detail::copy_bytes(o.exec_, merged_host_.data(), merged_dev_.data(), n * sizeof(fixed_sum));
-      } else {
-        detail::copy_bytes(o.exec_, values_host_.data(), values_dev_.data(), n * sizeof(double));
-        converted = true;
-      }
+      if (converted) detail::copy_bytes(o.exec_, values_host_.data(), values_dev_.data(), n * sizeof(double));
+      else detail::copy_bytes(o.exec_, merged_host_.data(), merged_dev_.data(), n * sizeof(fixed_sum));
       for (std::size_t i = 0; i < lt_.size(); ++i) {
         layer_tensor& t = lt_[i];
         const std::size_t at = tdescs_[i].out_at[P];
-        const std::size_t nt = t.tsum.size(), nr = t.rsum.size(), nc = t.csum.size();
-        if (wires) {
+        const auto [nt, nr, nc] = counts(t);
+        if (!converted) {
           const fixed_sum* from = merged_host_.data() + at;
           std::copy(from, from + nt, t.tsum.begin());
           std::copy(from + nt, from + nt + nr, t.rsum.begin());
@@ -442,7 +447,7 @@ struct layer_engine {
     };
     // DP: tensors whose elements several ranks hold. Every rank packs every such tensor
     // (zeros where it holds none), so the lists agree; sizes come from the layout.
-    if (Opt::is_sharded && o.comm_.size() > 1) {
+    if (dp_wire) {
       const auto dp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
         tensor = rows = cols = t.straddles;
       };
@@ -454,7 +459,7 @@ struct layer_engine {
       all_reduce_stats(dp, wire, host_reduce(o));
       unpack(wire, dp_select);
     }
-    if (o.tp_ && o.tp_->size() > 1) {
+    if (tp_wire) {
       const auto tp_select = [&](const layer_tensor& t, bool& tensor, bool& rows, bool& cols) {
         tensor = t.tp_split;
         rows = t.tp_cols;  // a row sums over columns, which the TP ranks split
@@ -602,12 +607,14 @@ struct layer_engine {
     sums_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, sums);
     // Each tensor's items (consecutive: init makes them tensor by tensor) and merged sums.
     tdescs_.assign(lt_.size(), {});
-    for (std::size_t j = items_.size(); j-- > 0;) tdescs_[items_[j].tensor].first_item = j;
-    for (std::size_t j = 0; j < items_.size(); ++j) tdescs_[items_[j].tensor].end_item = j + 1;
+    for (std::size_t j = 0; j < items_.size(); ++j) {
+      layer_tensor_desc& d = tdescs_[items_[j].tensor];
+      if (d.end_item == 0) d.first_item = j;
+      d.end_item = j + 1;
+    }
     merged_count_.assign(static_cast<std::size_t>(layer_phases()), 0);
     for (std::size_t i = 0; i < lt_.size(); ++i) {
       layer_tensor_desc& d = tdescs_[i];
-      if (d.end_item == 0) d.first_item = 0;  // no items
       d.rows = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].rows : 0;
       d.cols = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].cols : 0;
       for (int p = 0; p < layer_phases(); ++p) {
