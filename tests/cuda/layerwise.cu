@@ -3,7 +3,8 @@
 // The layer-wise policies on distopt::cuda against the CPU executor, bit for bit: Lamb's
 // trust ratios, Adafactor's and CAME's row and column statistics (exact sums on the
 // device, merged and reduced on the host), after 20 steps on the layouts whose matrices
-// straddle the shard cuts and a matrix too wide for the kernel's shared memory, on one rank and on d = 1..4 ranks as threads sharing the GPU.
+// straddle the shard cuts and a matrix too wide for the kernel's shared memory, on one
+// rank and on d = 1..4 ranks as threads sharing the GPU.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
 #include "check_cases.hpp"
@@ -19,7 +20,7 @@ int main() {
   skip_without_device("the layer-wise policies on cuda against cpu");
   // "wide": a matrix of 12,800 columns, whose column counters (8 B each) do not fit the
   // kernel's shared memory (exec/cuda/layer_phase.cuh keeps them in global memory), and
-  // one of 600 rows, whose items hold 256 rows or more.
+  // one of 600 rows, cut into several work items (64 rows or more each).
   auto layouts = harness::layerwise_layouts();
   layouts.push_back({"wide", {{3, 12800}, {600, 40}, {64}}, std::size_t{1} << 22});
   try {
