@@ -20,7 +20,7 @@ int main() {
   skip_without_device("the layer-wise policies on cuda against cpu");
   // "wide": a matrix of 12,800 columns, whose column counters (8 B each) do not fit the
   // kernel's shared memory (exec/cuda/layer_phase.cuh keeps them in global memory), and
-  // one of 600 rows, cut into several work items (64 rows or more each).
+  // one of 600 rows (its work items hold 64 rows or more).
   auto layouts = harness::layerwise_layouts();
   layouts.push_back({"wide", {{3, 12800}, {600, 40}, {64}}, std::size_t{1} << 22});
   try {
