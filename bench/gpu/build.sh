@@ -15,16 +15,23 @@ build=${BUILD_DIR:-build-gpu}
 bundle=$build/bundle
 programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/test_cuda_layerwise
           tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
-          bench/gpu/distopt-bench-gpu-layerwise)
+          bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay)
 
+# distopt-replay (--backend cuda) without LAPACK (the GPU machine has no OpenBLAS): it then
+# refuses galore_adamw and muon, which run on host memory only anyway.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
-  -DDISTOPT_BUILD_EXAMPLES=OFF -DDISTOPT_STATIC_RUNTIMES=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
+  -DDISTOPT_BUILD_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_LAPACK=ON -DDISTOPT_STATIC_RUNTIMES=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 cmake --build "$build" -j2 --target "${programs[@]##*/}"
 
 rm -rf "$bundle"
 mkdir -p "$bundle"
 for p in "${programs[@]}"; do cp "$build/$p" "$bundle/"; done
 cp bench/gpu/run.sh bench/gpu/torch_gpu.py bench/peers/torch_step.py "$bundle/"
+# The replay cases that ctest runs as replay_backend.cuda.* (tests/CMakeLists.txt), with their traces.
+mkdir -p "$bundle/traces"
+sed -n '/^set(replay_ranks_cases/,/)$/p' tests/CMakeLists.txt | grep -o '"[^"]*"' | tr -d '"' > "$bundle/replay_cases.txt"
+while read -r case _; do cp "tests/reference/traces/$case.trace.safetensors" "$bundle/traces/"; done < "$bundle/replay_cases.txt"
 
 # What each program may load itself there (its NEEDED entries): the C library's parts, the
 # driver, NCCL (whose own needs, libstdc++ among them, come with it there).

@@ -2,7 +2,8 @@
 # The run half of the GPU run, on the lent GPU machine, in one call: needs nothing but the
 # folder bench/gpu/build.sh made (it builds nothing). Runs the GPU tests (the update
 # kernels and optimizer<..., cuda> bit for bit against the CPU executor, with threads and
-# with nccl as its communicator, the NCCL communicator alone), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
+# with nccl as its communicator, the NCCL communicator alone, distopt-replay --backend cuda
+# against --backend cpu), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
 # with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips them), then
 # compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
 # each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
@@ -51,6 +52,23 @@ run_test cuda.layerwise 120 "$bundle/test_cuda_layerwise"
 run_test cuda.nccl_optimizer 120 "$bundle/test_cuda_nccl"
 run_test nccl.one_rank_plumbing 60 "$bundle/test_nccl_comm"
 run_test nccl.multi_rank 60 "$bundle/test_nccl_multi_rank"
+# distopt-replay --backend cuda against --backend cpu on the same traces, byte for byte
+# (ctest's replay_backend.cuda.*: the cases and traces build.sh copied).
+replay_same() {
+  local case=$1 r=$out/replay
+  shift
+  mkdir -p "$r"
+  "$bundle/distopt-replay" --trace "$bundle/traces/$case.trace.safetensors" --out "$r/$case.cpu.safetensors" "$@" &&
+    "$bundle/distopt-replay" --trace "$bundle/traces/$case.trace.safetensors" --out "$r/$case.cuda.safetensors" "$@" \
+      --backend cuda && cmp "$r/$case.cpu.safetensors" "$r/$case.cuda.safetensors" &&
+    echo "--backend cuda: the same bytes as --backend cpu"
+}
+export -f replay_same
+export bundle out
+while read -r case optimizer args; do
+  # shellcheck disable=SC2086 # the case's arguments, split as ctest splits them
+  run_test "replay_backend.cuda.$case" 30 bash -c 'replay_same "$@"' _ "$case" --optimizer "$optimizer" $args < /dev/null
+done < "$bundle/replay_cases.txt"
 
 rm -f "$out/distopt.jsonl" "$out/torch.jsonl" "$out/variants.txt"
 timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/distopt.jsonl" 2>&1 |

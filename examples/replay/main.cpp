@@ -86,6 +86,49 @@ DISTOPT_REPLAY_NO_KOKKOS(muon)
 #endif
 #undef DISTOPT_REPLAY_NO_KOKKOS
 #endif
+// galore_adamw and muon run on host memory only (their projections and Newton-Schulz call
+// LAPACK and BLAS on the host): --backend emulated and cuda are refused for them.
+#define DISTOPT_REPLAY_HOST_ONLY(policy, mode)                                                              \
+  replay::result replay::run_##policy##_##mode(const trace&, const config&) {                               \
+    throw usage_error("--backend " #mode ": --optimizer " #policy " runs on host memory only (cpu or kokkos)"); \
+  }
+DISTOPT_REPLAY_HOST_ONLY(galore_adamw, emulated)
+DISTOPT_REPLAY_HOST_ONLY(galore_adamw, cuda)
+DISTOPT_REPLAY_HOST_ONLY(muon, emulated)
+DISTOPT_REPLAY_HOST_ONLY(muon, cuda)
+#undef DISTOPT_REPLAY_HOST_ONLY
+#ifndef DISTOPT_REPLAY_EMULATED
+// Not on Linux: the emulated device (mmap/mprotect) is left out.
+#define DISTOPT_REPLAY_NO_EMULATED(policy)                                                  \
+  replay::result replay::run_##policy##_emulated(const trace&, const config&) {              \
+    throw usage_error("--backend emulated: this distopt-replay was built without the emulated " \
+                      "device (Linux only)");                                               \
+  }
+DISTOPT_REPLAY_NO_EMULATED(sgd)
+DISTOPT_REPLAY_NO_EMULATED(adam)
+DISTOPT_REPLAY_NO_EMULATED(adamw)
+DISTOPT_REPLAY_NO_EMULATED(lion)
+DISTOPT_REPLAY_NO_EMULATED(lamb)
+DISTOPT_REPLAY_NO_EMULATED(adafactor)
+DISTOPT_REPLAY_NO_EMULATED(came)
+#undef DISTOPT_REPLAY_NO_EMULATED
+#endif
+#ifndef DISTOPT_REPLAY_CUDA
+// Built without CUDA: --backend cuda is refused.
+#define DISTOPT_REPLAY_NO_CUDA(policy)                                             \
+  replay::result replay::run_##policy##_cuda(const trace&, const config&) {         \
+    throw usage_error("--backend cuda: this distopt-replay was built without CUDA " \
+                      "(configure with -DDISTOPT_ENABLE_CUDA=ON)");                 \
+  }
+DISTOPT_REPLAY_NO_CUDA(sgd)
+DISTOPT_REPLAY_NO_CUDA(adam)
+DISTOPT_REPLAY_NO_CUDA(adamw)
+DISTOPT_REPLAY_NO_CUDA(lion)
+DISTOPT_REPLAY_NO_CUDA(lamb)
+DISTOPT_REPLAY_NO_CUDA(adafactor)
+DISTOPT_REPLAY_NO_CUDA(came)
+#undef DISTOPT_REPLAY_NO_CUDA
+#endif
 
 namespace {
 
@@ -96,8 +139,8 @@ constexpr const char* usage_text =
     "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
     "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
     "                      [--comm threads|mpi] [--placement sharded|owned]\n"
-    "                      [--save-at K DIR] [--resume DIR] [--backend cpu|kokkos]\n"
-    "                      [--zero 1|2|3]\n"
+    "                      [--save-at K DIR] [--resume DIR]\n"
+    "                      [--backend cpu|kokkos|emulated|cuda] [--zero 1|2|3]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
@@ -110,6 +153,11 @@ constexpr const char* usage_text =
     "--backend kokkos runs the optimizer through the Kokkos executor on Kokkos's default host\n"
     "execution space (one rank; its threads are Kokkos's, e.g. OMP_NUM_THREADS): the output\n"
     "equals --backend cpu's (the default) byte for byte.\n"
+    "--backend emulated runs it on the emulated device (host threads over memory the host\n"
+    "cannot touch outside the optimizer's launches and copies; --threads sets its threads),\n"
+    "--backend cuda on the current CUDA GPU (a build with -DDISTOPT_ENABLE_CUDA=ON): one\n"
+    "rank each, params and grads written with distopt::upload and read with download, the\n"
+    "output byte for byte --backend cpu's. Not for galore_adamw and muon (host memory).\n"
     "--tp T adds T tensor-parallel ranks per data-parallel rank: each matrix is split over\n"
     "them by rows (dim 0) or, when its rows do not divide, by columns; the output is the\n"
     "reassembled tensors. With --comm mpi the world is the DP x TP grid (mpirun -np N*T).\n"
@@ -215,31 +263,34 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       if (cfg.zero < 1 || cfg.zero > 3) throw replay::usage_error("--zero: the ZeRO stage is 1, 2 or 3");
     } else if (a == "--backend") {
       cfg.backend = value();
-      if (cfg.backend != "cpu" && cfg.backend != "kokkos")
-        throw replay::usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu or kokkos)");
+      if (cfg.backend != "cpu" && cfg.backend != "kokkos" && cfg.backend != "emulated" && cfg.backend != "cuda")
+        throw replay::usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu, kokkos, emulated or cuda)");
     } else
       throw replay::usage_error("unknown option '" + std::string(a) + "' (see --help)");
   }
   if (cfg.optimizer.empty()) throw replay::usage_error("--optimizer is required (see --help)");
   if (io.trace.empty()) throw replay::usage_error("--trace is required (see --help)");
   if (io.out.empty()) throw replay::usage_error("--out is required (see --help)");
-  if (cfg.backend == "kokkos") {
+  if (cfg.backend != "cpu") {
     if (cfg.ranks > 0 || cfg.tp > 1 || cfg.comm == "mpi")
-      throw replay::usage_error("--backend kokkos: distopt-replay runs one rank with it (no --ranks, --tp or --comm "
-                                "mpi; the unit suite runs the Kokkos executor on several ranks)");
-    if (threads_given)
+      throw replay::usage_error("--backend " + cfg.backend + ": distopt-replay runs one rank with it (no --ranks, --tp or --comm "
+                                "mpi; the unit suites run this executor on several ranks)");
+    if (threads_given && cfg.backend == "kokkos")
       throw replay::usage_error("--threads: sets the cpu backend's threads; --backend kokkos uses Kokkos's own "
                                 "(e.g. OMP_NUM_THREADS)");
+    if (threads_given && cfg.backend == "cuda")
+      throw replay::usage_error("--threads: sets the host threads of --backend cpu and emulated, not of cuda");
   }
   if (cfg.placement == "owned") {
     if (cfg.optimizer != "galore_adamw" && cfg.optimizer != "muon")
       throw replay::usage_error("--placement owned: only galore_adamw and muon update whole matrices (--optimizer " +
                                 cfg.optimizer + " runs sharded)");
-    if (cfg.backend == "kokkos") throw replay::usage_error("--placement owned: runs on --ranks or --comm mpi, not --backend kokkos");
+    if (cfg.backend != "cpu")
+      throw replay::usage_error("--placement owned: runs on --ranks or --comm mpi, not --backend " + cfg.backend);
   }
   if (cfg.zero > 0) {
-    if (cfg.backend == "kokkos")
-      throw replay::usage_error("--zero: the ZeRO stages run on --ranks or --comm mpi, not --backend kokkos");
+    if (cfg.backend != "cpu")
+      throw replay::usage_error("--zero: the ZeRO stages run on --ranks or --comm mpi, not --backend " + cfg.backend);
     if (cfg.placement == "owned")
       throw replay::usage_error("--zero: --placement owned puts whole matrices on their owners; the ZeRO stages shard "
                                 "(use one or the other)");
@@ -306,12 +357,18 @@ int main(int argc, char** argv) {
   try {
     const replay::config cfg = parse_args(argc, argv, io);
     using entry = replay::result (*)(const replay::trace&, const replay::config&);
-    const int mode = cfg.backend == "kokkos" ? 3 : cfg.comm == "mpi" ? 2 : cfg.ranks > 0 ? 1 : 0;
+    const int mode = cfg.backend == "cuda"     ? 5
+                     : cfg.backend == "emulated" ? 4
+                     : cfg.backend == "kokkos"   ? 3
+                     : cfg.comm == "mpi"         ? 2
+                     : cfg.ranks > 0             ? 1
+                                                 : 0;
     entry run = nullptr;
-#define DISTOPT_REPLAY_PICK(policy)                                                        \
-  if (cfg.optimizer == #policy)                                                            \
-    run = std::array<entry, 4>{replay::run_##policy##_single, replay::run_##policy##_threads, \
-                               replay::run_##policy##_mpi, replay::run_##policy##_kokkos}[static_cast<std::size_t>(mode)];
+#define DISTOPT_REPLAY_PICK(policy)                                                                    \
+  if (cfg.optimizer == #policy)                                                                        \
+    run = std::array<entry, 6>{replay::run_##policy##_single,   replay::run_##policy##_threads,          \
+                               replay::run_##policy##_mpi,      replay::run_##policy##_kokkos,           \
+                               replay::run_##policy##_emulated, replay::run_##policy##_cuda}[static_cast<std::size_t>(mode)];
     DISTOPT_REPLAY_PICK(sgd)
     DISTOPT_REPLAY_PICK(adam)
     DISTOPT_REPLAY_PICK(adamw)
@@ -366,6 +423,9 @@ int main(int argc, char** argv) {
   } catch (const replay::usage_error& e) {
     std::cerr << "distopt-replay: " << e.what() << "\n";
     return 2;
+  } catch (const replay::no_device_error& e) {
+    std::cerr << "distopt-replay: " << e.what() << "\n";
+    return 77;
   } catch (const std::exception& e) {
     std::cerr << "distopt-replay: error: " << e.what() << "\n";
     return 1;

@@ -18,6 +18,12 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// --backend cuda on a machine without a CUDA device: printed as one line, exit code 77
+/// (ctest's skip code in this project).
+struct no_device_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// The gradient trace: initial params and one gradient per tensor per step, all fp32.
 struct trace {
   std::vector<std::string> names;
@@ -38,7 +44,7 @@ struct config {
   std::string placement = "sharded";  // --placement sharded|owned (owned: galore_adamw, muon)
   int zero = 0;              // --zero S: ZeRO stage S (1..3) with the overlap hooks; 0: stage 1, no hooks
   std::string comm = "threads";
-  std::string backend = "cpu";       // --backend cpu|kokkos
+  std::string backend = "cpu";       // --backend cpu|kokkos|emulated|cuda
   std::size_t min_8bit_size = 4096;  // --min-8bit-size N (--state q8)
   int percentile_clipping = 100;     // --percentile-clipping P
   int save_at = -1;                  // --save-at K DIR: save after K steps
@@ -54,7 +60,9 @@ using result = std::map<std::string, std::vector<float>>;
   result run_##policy##_single(const trace&, const config&);  \
   result run_##policy##_threads(const trace&, const config&); \
   result run_##policy##_mpi(const trace&, const config&);     \
-  result run_##policy##_kokkos(const trace&, const config&);
+  result run_##policy##_kokkos(const trace&, const config&);   \
+  result run_##policy##_emulated(const trace&, const config&); \
+  result run_##policy##_cuda(const trace&, const config&);
 DISTOPT_REPLAY_DECLARE(sgd)
 DISTOPT_REPLAY_DECLARE(adam)
 DISTOPT_REPLAY_DECLARE(adamw)

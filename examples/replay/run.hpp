@@ -13,14 +13,22 @@
 #include <type_traits>
 
 #include <distopt/comm/any.hpp>
-#ifdef DISTOPT_REPLAY_MPI
+// The cuda entries (run_<policy>_cuda.cu, nvcc) hold the cuda mode alone: MPI and Kokkos
+// stay out of their translation units.
+#if defined(DISTOPT_REPLAY_MPI) && !defined(__CUDACC__)
 #include <distopt/comm/mpi.hpp>
 #endif
 #ifdef DISTOPT_REPLAY_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif
-#ifdef DISTOPT_REPLAY_KOKKOS
+#if defined(DISTOPT_REPLAY_KOKKOS) && !defined(__CUDACC__)
 #include <distopt/exec/kokkos.hpp>
+#endif
+#ifdef DISTOPT_REPLAY_EMULATED
+#include <distopt/exec/emulated.hpp>
+#endif
+#ifdef __CUDACC__
+#include <distopt/exec/cuda/executor.cuh>
 #endif
 
 #include "replay.hpp"
@@ -120,6 +128,25 @@ inline std::size_t resume_step(const trace& tr, std::int64_t loaded) {
   return first;
 }
 
+/// Writes a view of the optimizer's memory: `fill(i)` gives element i. In device memory
+/// (emulated, cuda) through a host copy and distopt::upload, as a training code would.
+template <class Exec, class View, class Fill>
+void write_view(Exec& exec, View view, Fill&& fill) {
+  using T = std::remove_const_t<typename View::element_type>;
+  std::vector<T> host(view.size());
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = fill(i);
+  distopt::upload(exec, std::span<const T>(host), view);
+}
+
+/// Reads a view of the optimizer's memory into host memory (distopt::download).
+template <class Exec, class View>
+auto read_view(Exec& exec, View view) {
+  using T = std::remove_const_t<typename View::element_type>;
+  std::vector<T> host(view.size());
+  distopt::download(exec, view, std::span<T>(host));
+  return host;
+}
+
 /// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
 /// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
 template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
@@ -167,10 +194,9 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   // Element i of this rank's part of tensor k is element plan.at[k][i] of the trace's tensor.
   each_gathered(
       [&](std::size_t k) {
-        auto p = opt.param(tr.names[k]);
         const auto& at = plan.at[k];
         const auto& src = *plan.params[k];
-        for (std::size_t i = 0; i < p.size(); ++i) p[i] = distopt::from_float<Param>(src[at[i]]);
+        write_view(opt.executor(), opt.param(tr.names[k]), [&](std::size_t i) { return distopt::from_float<Param>(src[at[i]]); });
       },
       true);
   std::size_t first_step = 0;
@@ -191,10 +217,10 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   for (std::size_t s = first_step; s < tr.grads.size(); ++s, ++steps_run) {
     for (std::size_t j = 0; j < tr.names.size(); ++j) {
       const std::size_t k = hooks ? tr.names.size() - 1 - j : j;
-      auto g = opt.grad(tr.names[k]);
       const auto& at = plan.at[k];
       const auto& src = tr.grads[s].at(tr.names[k]);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = distopt::from_float<Grad>(rank == 0 ? src[at[i]] : 0.0f);
+      write_view(opt.executor(), opt.grad(tr.names[k]),
+                 [&](std::size_t i) { return distopt::from_float<Grad>(rank == 0 ? src[at[i]] : 0.0f); });
       if (hooks) opt.grads_ready(tr.names[k]);
     }
     opt.step();
@@ -222,7 +248,7 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
   result out;
   each_gathered(
       [&](std::size_t k) {
-        auto p = opt.param(tr.names[k]);
+        const auto p = read_view(opt.executor(), opt.param(tr.names[k]));
         const auto& at = plan.at[k];
         auto& dst = out[tr.names[k]];
         dst.assign(plan.params[k]->size(), 0.0f);
@@ -248,7 +274,8 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
 }
 
 /// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
-/// world) with sharded (or owned) state; kokkos: one rank through the Kokkos executor (--backend kokkos).
+/// world) with sharded (or owned) state; kokkos, emulated, cuda: one rank through the
+/// Kokkos executor, the emulated device or a CUDA GPU (--backend).
 /// The threads and mpi modes hold their communicator in a `distopt::any_comm`, so that they
 /// share one optimizer type per (policy, dtypes, state): the communicator is chosen at run
 /// time, and each collective costs one indirect call more.
@@ -256,6 +283,8 @@ struct single_mode {};
 struct threads_mode {};
 struct mpi_mode {};
 struct kokkos_mode {};
+struct emulated_mode {};
+struct cuda_mode {};
 
 /// One data-parallel rank of several: sharded state, or with --placement owned (GaLore and
 /// Muon only) each whole matrix on one rank (distopt::owned).
@@ -304,8 +333,28 @@ result run_typed(const trace& tr, const config& cfg) {
     static_assert(!std::is_same_v<Mode, kokkos_mode>, "the kokkos mode needs DISTOPT_REPLAY_KOKKOS");
     return {};
 #endif
+  } else if constexpr (std::is_same_v<Mode, emulated_mode>) {
+#ifdef DISTOPT_REPLAY_EMULATED
+    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::emulated_device>(
+        tr, cfg, distopt::single{});
+#else
+    static_assert(!std::is_same_v<Mode, emulated_mode>, "the emulated mode needs DISTOPT_REPLAY_EMULATED");
+    return {};
+#endif
+  } else if constexpr (std::is_same_v<Mode, cuda_mode>) {
+#ifdef __CUDACC__
+    int devices = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0)
+      throw no_device_error(std::string("--backend cuda: no CUDA device (") +
+                            (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")");
+    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::cuda>(tr, cfg,
+                                                                                                   distopt::single{});
+#else
+    static_assert(!std::is_same_v<Mode, cuda_mode>, "the cuda mode is compiled by nvcc (run_<policy>_cuda.cu)");
+    return {};
+#endif
   } else {
-#ifdef DISTOPT_REPLAY_MPI
+#if defined(DISTOPT_REPLAY_MPI) && !defined(__CUDACC__)
     distopt::mpi world(MPI_COMM_WORLD);
     if (cfg.tp == 1)
       return run_dp_rank<Policy, State, Param, Grad>(tr, cfg, distopt::any_comm(std::move(world)));
@@ -355,16 +404,21 @@ template <class Policy, class Mode>
 result run_policy(const trace& tr, const config& cfg) {
   return with_number("--param-dtype", cfg.param_dtype, [&](auto p) {
     return with_number("--grad-dtype", cfg.grad_dtype, [&](auto g) {
-      using P = typename decltype(p)::type;
-      using G = typename decltype(g)::type;
+      // remove_cvref: nvcc's front end (CUDA 13.0) sees decltype(p) of a nested generic
+      // lambda's parameter as a reference here.
+      using P = typename std::remove_cvref_t<decltype(p)>::type;
+      using G = typename std::remove_cvref_t<decltype(g)>::type;
       // Several ranks, and layer-wise policies (several passes, each instantiated per
       // number type): the (param, grad) pairs that training uses, to keep the build small.
       constexpr bool training_pair = std::is_same_v<P, G> || std::is_same_v<G, float>;
       // GaLore (projected matrices) and Muon are built like the layer-wise policies: fp32 states.
       constexpr bool layerwise = distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy> ||
                                  distopt::orthogonalizes_matrices<Policy>;
+      constexpr bool one_rank_backend = std::is_same_v<Mode, kokkos_mode> || std::is_same_v<Mode, emulated_mode> ||
+                                        std::is_same_v<Mode, cuda_mode>;
       if constexpr ((!std::is_same_v<Mode, single_mode> || layerwise) && !training_pair) {
         throw usage_error(layerwise ? "--grad-dtype must be fp32 or equal --param-dtype for " + std::string(Policy::name)
+                          : one_rank_backend ? "--backend " + cfg.backend + ": --grad-dtype must be fp32 or equal --param-dtype"
                                     : std::string("--ranks/--comm: --grad-dtype must be fp32 or equal --param-dtype with several ranks"));
         return result{};  // gives the lambda its return type
       } else {
