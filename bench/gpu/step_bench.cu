@@ -85,11 +85,15 @@ row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper
 
 /// ZeRO-Offload (distopt/exec/offload.hpp): bf16 params and grads on the GPU, fp32 master
 /// weights and AdamW states on the host, stepped by cpu on every host thread. A step copies
-/// the grads to the host and the params back (pageable host memory) around the host update.
-double offload_seconds(const options& o, cudaStream_t stream, const distopt::adamw::hyper_params& h, int threads) {
+/// the grads to the host and the params back around the host update: from page-locked host
+/// buffers (`pinned`, the default) or through pageable memory (pin_host_buffers off).
+double offload_seconds(const options& o, cudaStream_t stream, const distopt::adamw::hyper_params& h, int threads,
+                       bool pinned) {
   using opt_t = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
                                    distopt::offload<distopt::cuda>, distopt::precision<distopt::bf16, distopt::bf16>>;
-  opt_t opt(bench::gpt_like(o.params, distopt::dtype::bf16), h, {},
+  distopt::optimizer_options opts;
+  opts.pin_host_buffers = pinned;
+  opt_t opt(bench::gpt_like(o.params, distopt::dtype::bf16), h, opts,
             distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
   const std::vector<distopt::bf16> g(opt.grads().size(), distopt::from_float<distopt::bf16>(1e-3f));
   distopt::upload(opt.executor(), g, opt.grads());
@@ -135,16 +139,20 @@ int main(int argc, char** argv) {
     }
     // Offload against the device-resident step of the same precision (rows[1]: bf16 + master, check on).
     const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const double off_s = offload_seconds(o, stream, w, threads), dev_s = rows[1].seconds;
-    const double off_ns = off_s / rows[1].params * 1e9;
-    std::printf("offload (adamw bf16+master, gpt-like, states on the host, %d cpu threads): %.4f ns/param, "
-                "%.1fx the device-resident step (%.4f ns/param)\n",
-                threads, off_ns, off_s / dev_s, dev_s / rows[1].params * 1e9);
-    if (json)
-      json << "{\"bench\":\"gpu-offload-step\",\"impl\":\"distopt\",\"device\":\"" << prop.name
-           << "\",\"policy\":\"adamw\",\"model\":\"gpt-like\",\"precision\":\"bf16+master\",\"threads\":"
-           << threads << ",\"params\":" << rows[1].params << ",\"ns_per_param\":" << off_ns
-           << ",\"device_resident_ns_per_param\":" << dev_s / rows[1].params * 1e9 << "}\n";
+    for (const bool pinned : {true, false}) {
+      const double off_s = offload_seconds(o, stream, w, threads, pinned), dev_s = rows[1].seconds;
+      const double off_ns = off_s / rows[1].params * 1e9;
+      const char* host = pinned ? "page-locked" : "pageable";
+      std::printf("offload (adamw bf16+master, gpt-like, states on the host, %d cpu threads, %s host buffers): "
+                  "%.4f ns/param, %.1fx the device-resident step (%.4f ns/param)\n",
+                  threads, host, off_ns, off_s / dev_s, dev_s / rows[1].params * 1e9);
+      if (json)
+        json << "{\"bench\":\"gpu-offload-step\",\"impl\":\"distopt\",\"device\":\"" << prop.name
+             << "\",\"policy\":\"adamw\",\"model\":\"gpt-like\",\"precision\":\"bf16+master\",\"threads\":"
+             << threads << ",\"host_buffers\":\"" << host << "\",\"params\":" << rows[1].params
+             << ",\"ns_per_param\":" << off_ns << ",\"device_resident_ns_per_param\":" << dev_s / rows[1].params * 1e9
+             << "}\n";
+    }
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "distopt-bench-gpu-step: %s\n", e.what());

@@ -253,6 +253,17 @@ concept executor =
 template <class E>
 inline constexpr bool host_memory = std::is_same_v<typename E::memory_space, host_space>;
 
+/// True when executor E can page-lock host memory that its copies read or write:
+/// `register_host(p, bytes)` until `unregister_host(p)` (cuda: cudaHostRegister, so that a
+/// copy runs at the link's speed instead of through the driver's staging buffer;
+/// emulated_device: a registry its copies check). ZeRO-Offload registers the host buffers
+/// it copies to and from.
+template <class E>
+concept registers_host_memory = requires(E& e, void* p, std::size_t n) {
+  e.register_host(p, n);
+  e.unregister_host(p);
+};
+
 /// True when executor E runs host functions: any callable passed to its parallel_for,
 /// lambdas that capture host references included (cpu, kokkos on a host space,
 /// emulated_device). False for an executor that declares `static constexpr bool

@@ -108,6 +108,12 @@ struct optimizer_options {
   /// still mismatch that one. Off, hooks called in different orders show as a collective's
   /// size mismatch, a hang, or wrong sums when the sizes agree.
   bool check_hook_order = false;
+  /// ZeRO-Offload (offload<Device>) on a device executor that can page-lock host memory
+  /// (registers_host_memory: cuda): register the host params (ZeRO-1 and 2) and grads
+  /// (ZeRO-1) that every step copies, for as long as the optimizer lives, so that the copies
+  /// run at the link's speed. The param and grad bytes are then locked host memory (at
+  /// stage 1, 2 + 2 B/param for bf16). Off, the copies go through the driver's staging buffer.
+  bool pin_host_buffers = true;
   // New options go last: code that initialises this struct positionally keeps compiling.
 };
 

@@ -5,7 +5,8 @@
 // steps of the element-wise policies (fp32, bf16 and 8-bit states) on the awkward layouts of the unit suites (the same
 // harness, sharded_harness.hpp, writing and reading through distopt::upload/download), on
 // one rank and on d = 1..4 ranks as threads sharing the GPU (sharded states, collectives
-// staged through host memory). ZeRO-Offload (offload<cuda>: the states on the host). And a
+// staged through host memory). ZeRO-Offload (offload<cuda>: the states on the host, at
+// ZeRO-1 and 2; its host buffers page-locked). And a
 // step captured into a CUDA graph, replayed.
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
@@ -24,6 +25,37 @@ namespace {
 using namespace distopt;
 using namespace cuda_check;
 using harness::run_options;
+
+/// offload<cuda> page-locks the host buffers each step copies whole (ZeRO-1: params and
+/// grads) for the optimizer's life: the driver reports them as registered host memory;
+/// with pin_host_buffers off it does not register them.
+void offload_pins_host_buffers() {
+  ++checks;
+  layout l;
+  l.add("w", {300, 17}, dtype::bf16);
+  const auto registered = [](const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return a.type == cudaMemoryTypeHost;
+  };
+  using opt_t = optimizer<adamw, sharded<fp32>, single, offload<cuda>, precision<bf16>>;
+  opt_t pinned(l, adamw::hyper_params{});
+  optimizer_options o;
+  o.pin_host_buffers = false;
+  opt_t pageable(l, adamw::hyper_params{}, o);
+  const bool ok = registered(pinned.host().params().data()) && registered(pinned.host().grads().data()) &&
+                  !registered(pageable.host().params().data()) && !registered(pageable.host().grads().data());
+  if (!ok) {
+    ++failures;
+    std::printf("FAILED: offload<cuda>: host params/grads registered %d/%d (expected 1/1), with pin_host_buffers "
+                "off %d/%d (expected 0/0)\n",
+                registered(pinned.host().params().data()), registered(pinned.host().grads().data()),
+                registered(pageable.host().params().data()), registered(pageable.host().grads().data()));
+  }
+}
 
 /// A whole step captured into a CUDA graph and replayed 10 times leaves what 10 step()
 /// calls leave, bit for bit: step() neither synchronises nor copies (engine/decisions.hpp),
@@ -137,12 +169,18 @@ int main() {
         ro.options.bucket_elems = c.bucket;
         const layout l = harness::make_layout(c, dtype::f16);
         const harness::outcome ref = harness::run_single<adamw, fp32, precision<fp16>>(l, {w}, ro);
-        for (int d = 1; d <= 3; ++d)
+        for (int d = 1; d <= 3; ++d) {
           compare("offload<cuda> adamw fp16 + master, loss scaling, clipped, ZeRO-2, layout " + c.name +
                       ", d=" + std::to_string(d),
                   harness::run_threads<adamw, sharded<fp32, 2>, precision<fp16>, offload<cuda>>(d, l, {w}, ro), ref);
+          // ZeRO-1: the host params and grads page-locked, every copy from registered memory
+          compare("offload<cuda> adamw fp16 + master, loss scaling, clipped, ZeRO-1, layout " + c.name +
+                      ", d=" + std::to_string(d),
+                  harness::run_threads<adamw, sharded<fp32>, precision<fp16>, offload<cuda>>(d, l, {w}, ro), ref);
+        }
       }
     }
+    offload_pins_host_buffers();
     graph_replay_equals_steps();
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());

@@ -213,6 +213,55 @@ BOOST_AUTO_TEST_CASE(copies_by_stage_and_hooks) {
   BOOST_TEST(copies_in([&] { s2.step(); }) == 2u);
 }
 
+// The host buffers every step copies whole are page-locked (registered with the device)
+// for the optimizer's life: params and grads at stage 1, params at stage 2 (its grads come
+// from the host's bucket pools, copied through pageable memory). The emulated device
+// records the registrations and counts the copies a GPU would stage.
+BOOST_AUTO_TEST_CASE(host_buffers_copied_whole_are_page_locked) {
+  auto& arenas = detail::device_arenas::instance();
+  const std::size_t tensor_bytes = 1024 * sizeof(bf16), base = arenas.registered_bytes();
+  const auto pageable_in = [&](auto f) {
+    const std::size_t before = arenas.pageable_copies();
+    f();
+    return arenas.pageable_copies() - before;
+  };
+  const layout l = three_equal_tensors();
+  {
+    one_rank<sharded<float>> s1(l, adamw_decayed(), buckets_of(1024), dev(1));
+    BOOST_TEST(arenas.registered_bytes() - base == 2 * 3 * tensor_bytes);  // params and grads
+    BOOST_TEST(pageable_in([&] { s1.step(); }) == 0u);
+    BOOST_TEST(pageable_in([&] {
+                 for (const char* n : {"w2", "w1", "w0"}) s1.grads_ready(n);
+                 s1.step();
+               }) == 0u);
+    one_rank<sharded<float>> moved(std::move(s1));  // the registrations move with it
+    BOOST_TEST(arenas.registered_bytes() - base == 2 * 3 * tensor_bytes);
+    BOOST_TEST(pageable_in([&] { moved.step(); }) == 0u);
+
+    one_rank<sharded<float, 2>> s2(l, adamw_decayed(), buckets_of(1024), dev(1));
+    BOOST_TEST(arenas.registered_bytes() - base == 2 * 3 * tensor_bytes + 3 * tensor_bytes);
+    s2.step();
+    (void)s2.grad("w1");
+    BOOST_TEST(pageable_in([&] { s2.step(); }) == 1u);  // w1's grads into a pooled bucket
+  }
+  BOOST_TEST(arenas.registered_bytes() == base);  // unregistered with their optimizers
+  optimizer_options unpinned = buckets_of(1024);
+  unpinned.pin_host_buffers = false;
+  one_rank<sharded<float>> plain(l, adamw_decayed(), unpinned, dev(1));
+  BOOST_TEST(arenas.registered_bytes() == base);
+  BOOST_TEST(pageable_in([&] { plain.step(); }) == 3u);  // params in, grads in, params out
+
+  // As cudaHostRegister, the emulated device refuses a range that overlaps a registered one.
+  std::vector<float> host(64);
+  emulated_device d(1);
+  d.register_host(host.data(), 32 * sizeof(float));
+  BOOST_CHECK_THROW(d.register_host(host.data() + 16, 32 * sizeof(float)), std::invalid_argument);
+  d.register_host(host.data() + 32, 32 * sizeof(float));  // adjacent: accepted
+  d.unregister_host(host.data());
+  d.unregister_host(host.data() + 32);
+  BOOST_TEST(arenas.registered_bytes() == base);
+}
+
 // Params written into the device views arrive: as the first step's initial params, and
 // through release(keep_writes) later; load brings the checkpoint's params to the device.
 BOOST_AUTO_TEST_CASE(device_writes_reach_the_host_as_documented) {

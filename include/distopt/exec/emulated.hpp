@@ -17,8 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <unordered_map>
 #include <utility>
 
@@ -50,10 +52,20 @@ class device_arenas {
   /// True when the `bytes` from `p` on lie inside one arena (a null `p` with no bytes too):
   /// what a communicator of device memory may be handed.
   bool contains(const void* p, std::size_t bytes) const;
-  /// Counts one copy between host and device memory (copy_bytes).
-  void count_copy() noexcept { copies_.fetch_add(1, std::memory_order_relaxed); }
+  /// Counts one copy of `n` bytes (copy_bytes); one whose host side (dst or src outside
+  /// the arenas) lies outside every registered range counts as pageable too.
+  void count_copy(void* dst, const void* src, std::size_t n);
   /// Copies so far, in the whole process: what a GPU's host thread would wait for.
   std::size_t copies() const noexcept { return copies_.load(std::memory_order_relaxed); }
+  /// Copies so far whose host memory was not registered: on a GPU, copies through the
+  /// driver's staging buffer.
+  std::size_t pageable_copies() const noexcept { return pageable_.load(std::memory_order_relaxed); }
+  /// Host memory registered as page-locked (emulated_device::register_host): [p, p + bytes).
+  /// A range that overlaps a registered one is refused, as cudaHostRegister refuses it.
+  void register_host(void* p, std::size_t bytes);
+  void unregister_host(void* p) noexcept;
+  /// Bytes registered now, in the whole process.
+  std::size_t registered_bytes() const;
 
  private:
   std::size_t rounded(std::size_t bytes) const noexcept {
@@ -63,7 +75,8 @@ class device_arenas {
   mutable std::mutex m_;
   std::unordered_map<void*, std::size_t> arenas_;  // start -> mapped bytes
   int open_ = 0;
-  std::atomic<std::size_t> copies_{0};
+  std::atomic<std::size_t> copies_{0}, pageable_{0};
+  std::map<const std::byte*, std::size_t> registered_;  // start -> bytes
   std::size_t page_ = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
 };
 
@@ -119,6 +132,43 @@ DISTOPT_CORE_FN bool device_arenas::contains(const void* p, std::size_t bytes) c
     if (std::less_equal<>{}(a, b) && std::less_equal<>{}(b + bytes, a + n)) return true;
   }
   return false;
+}
+
+DISTOPT_CORE_FN void device_arenas::count_copy(void* dst, const void* src, std::size_t n) {
+  copies_.fetch_add(1, std::memory_order_relaxed);
+  if (n == 0) return;
+  const auto in_arena = [&](const void* p) { return contains(p, n); };
+  const void* host = !in_arena(dst) ? dst : !in_arena(src) ? src : nullptr;
+  if (!host) return;  // device to device
+  const auto* b = static_cast<const std::byte*>(host);
+  const std::lock_guard<std::mutex> lock(m_);
+  auto it = registered_.upper_bound(b);  // the last range starting at or before b
+  const bool pinned = it != registered_.begin() && std::less_equal<>{}(b + n, std::prev(it)->first + std::prev(it)->second);
+  if (!pinned) pageable_.fetch_add(1, std::memory_order_relaxed);
+}
+
+DISTOPT_CORE_FN void device_arenas::register_host(void* p, std::size_t bytes) {
+  if (!p || bytes == 0) return;
+  const auto* b = static_cast<const std::byte*>(p);
+  const std::lock_guard<std::mutex> lock(m_);
+  const auto next = registered_.lower_bound(b);
+  const bool overlaps_next = next != registered_.end() && std::less<>{}(next->first, b + bytes);
+  const bool overlaps_prev = next != registered_.begin() && std::less<>{}(b, std::prev(next)->first + std::prev(next)->second);
+  if (overlaps_next || overlaps_prev)
+    throw std::invalid_argument("distopt::emulated_device::register_host: the range overlaps host memory registered already");
+  registered_.emplace(b, bytes);
+}
+
+DISTOPT_CORE_FN void device_arenas::unregister_host(void* p) noexcept {
+  const std::lock_guard<std::mutex> lock(m_);
+  registered_.erase(static_cast<const std::byte*>(p));
+}
+
+DISTOPT_CORE_FN std::size_t device_arenas::registered_bytes() const {
+  const std::lock_guard<std::mutex> lock(m_);
+  std::size_t n = 0;
+  for (const auto& r : registered_) n += r.second;
+  return n;
 }
 
 DISTOPT_CORE_FN void device_arenas::protect_all(int prot) noexcept {
@@ -195,10 +245,16 @@ class emulated_device {
 
   /// Copies n bytes between host and device memory (either direction, or device to device).
   void copy_bytes(void* dst, const void* src, std::size_t n) {
-    detail::device_arenas::instance().count_copy();
+    detail::device_arenas::instance().count_copy(dst, src, n);
     const access_scope open;
     if (n) std::memcpy(dst, src, n);
   }
+
+  /// Registers host memory as page-locked, as cuda does (see registers_host_memory): here
+  /// only recorded, so that tests can count the copies that would go through a staging
+  /// buffer on a GPU (device_arenas::pageable_copies).
+  void register_host(void* p, std::size_t bytes) { detail::device_arenas::instance().register_host(p, bytes); }
+  void unregister_host(void* p) noexcept { detail::device_arenas::instance().unregister_host(p); }
 
   /// Opens the device memory until the returned scope ends.
   access_scope open_memory() { return access_scope(); }

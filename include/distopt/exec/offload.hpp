@@ -20,6 +20,12 @@
 ///    copied.
 /// The results are the host optimizer's, bit for bit: the device only holds copies.
 ///
+/// Where the device can page-lock host memory (cuda), the host params (stages 0-2) and grads
+/// (stages 0-1), which those copies read and write whole, are registered for the
+/// optimizer's life (optimizer_options::pin_host_buffers, on by default). The per-tensor
+/// buffers of ZeRO-2's grads and ZeRO-3's gathered params come from the host optimizer's
+/// pools and are copied through pageable memory.
+///
 /// Writes into a device param view reach the optimizer before the first `step()` or `save`
 /// (the initial params: stages 0-2 copy every device param to the host then), and through
 /// `release(names, keep_writes)` at any stage, followed by `load_master_from_params()` where
@@ -36,7 +42,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <map>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -133,6 +141,58 @@ class device_pool {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Host memory registered with a device executor (registers_host_memory) for as long as
+/// this lives: ZeRO-Offload's host params and grads, which every step copies. Moving hands
+/// the registrations over. With an executor that cannot register, it records nothing.
+template <class Device>
+class host_registration {
+ public:
+  host_registration() = default;
+  explicit host_registration(const Device& device) : device_(device) {}
+  host_registration(host_registration&& o) noexcept : device_(std::move(o.device_)), ranges_(std::move(o.ranges_)) {
+    o.ranges_.clear();
+  }
+  host_registration& operator=(host_registration&& o) noexcept {
+    if (this != &o) {
+      release();
+      device_ = std::move(o.device_);
+      ranges_ = std::move(o.ranges_);
+      o.ranges_.clear();
+    }
+    return *this;
+  }
+  ~host_registration() { release(); }
+
+  /// Registers `bytes` from `p` (nothing when empty). `what` names the buffer in the error.
+  void add(void* p, std::size_t bytes, const char* what) {
+    if constexpr (registers_host_memory<Device>) {
+      if (!p || bytes == 0) return;
+      ranges_.reserve(ranges_.size() + 1);  // nothing throws between the register and the record
+      try {
+        device_->register_host(p, bytes);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("distopt::offload: page-locking the host ") + what + " (" +
+                                 std::to_string(bytes) + " bytes) failed: " + e.what() +
+                                 "; set optimizer_options::pin_host_buffers = false to copy through pageable memory");
+      }
+      ranges_.push_back(p);
+    }
+  }
+
+ private:
+  void release() noexcept {
+    if constexpr (registers_host_memory<Device>)
+      for (void* p : ranges_) device_->unregister_host(p);
+    ranges_.clear();
+  }
+  std::optional<Device> device_;
+  std::vector<void*> ranges_;
+};
+
+}  // namespace detail
+
 /// ZeRO-Offload (see the file comment): the host optimizer on `cpu`, with the params and
 /// grads a training code sees in `Device` memory. Everything that reads or writes only
 /// the master weights and states (state views, hyper-parameters, save, step_count) is the
@@ -169,7 +229,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// with more than one rank.
   optimizer(layout tensors, std::vector<hyper_params> groups, optimizer_options options = {},
             offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
-      : host_optimizer(std::move(tensors), std::move(groups), std::move(options), exec.host(), std::move(comm)),
+      : host_optimizer(std::move(tensors), std::move(groups), options, exec.host(), std::move(comm)),
         exec_(std::move(exec)) {
     const auto& ts = host().tensors().tensors();
     lent_grads_.assign(ts.size(), nullptr);
@@ -184,6 +244,11 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       const auto all = host().grads();
       grads_ = detail::buffer<grad_type, Device>(exec_.device(), all.size());
       for (const auto& t : ts) grad_at_.push_back(static_cast<std::size_t>(host().grad(t.name).data() - all.data()));
+    }
+    if (options.pin_host_buffers) {  // the buffers every step copies whole
+      pinned_ = detail::host_registration<Device>(exec_.device());
+      if constexpr (zero_stage < 3) pinned_.add(host().params().data(), host().params().size_bytes(), "params");
+      if constexpr (zero_stage < 2) pinned_.add(host().grads().data(), host().grads().size_bytes(), "grads");
     }
   }
   /// One hyper-parameter group for every tensor.
@@ -502,6 +567,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
+  detail::host_registration<Device> pinned_;  // last: unregistered before the buffers go
 };
 
 }  // namespace distopt

@@ -148,6 +148,19 @@ class cuda {
     cuda_exec::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a copy");
   }
 
+  /// Page-locks `bytes` of host memory from `p` (cudaHostRegister), so that copies to and
+  /// from it run at the link's speed rather than through the driver's staging buffer;
+  /// until unregister_host(p). Registering takes time (the pages are locked one by one) and
+  /// locked memory is the host's to spare: ZeRO-Offload registers the host buffers it copies.
+  void register_host(void* p, std::size_t bytes) {
+    if (!p || bytes == 0) return;
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::check(cudaHostRegister(p, bytes, cudaHostRegisterPortable), "cudaHostRegister");
+  }
+  void unregister_host(void* p) noexcept {
+    if (p) cudaHostUnregister(p);
+  }
+
   /// Calls f(i) for each i in [0, n) on the device: f must be trivially copyable and
   /// callable in device code (a DISTOPT_HD functor; a host lambda does not compile).
   template <class F>
