@@ -139,10 +139,6 @@ class device_pool {
   std::map<void*, std::size_t> lent_;       // buffer -> its size
 };
 
-}  // namespace detail
-
-namespace detail {
-
 /// Host memory registered with a device executor (registers_host_memory) for as long as
 /// this lives: ZeRO-Offload's host params and grads, which every step copies. Moving hands
 /// the registrations over. With an executor that cannot register, it records nothing.
