@@ -17,10 +17,13 @@ programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/
           tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
           bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay)
 
-# distopt-replay (--backend cuda) without LAPACK (the GPU machine has no OpenBLAS): it then
-# refuses galore_adamw and muon, which run on host memory only anyway.
+# distopt-replay without LAPACK (the GPU machine has no OpenBLAS): it then refuses
+# galore_adamw and muon, which run on host memory only anyway. It is built with the two modes
+# that run.sh compares, single (--backend cpu) and cuda: the threads and emulated modes ran
+# in the release stage's ctest, and cost about half of each policy's host compile.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DDISTOPT_BUILD_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_LAPACK=ON -DDISTOPT_STATIC_RUNTIMES=ON \
+  "-DDISTOPT_REPLAY_MODES=single;cuda" \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 cmake --build "$build" -j2 --target "${programs[@]##*/}"
 

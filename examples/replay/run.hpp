@@ -273,18 +273,44 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
   return out;
 }
 
-/// How the ranks run: one rank with replicated state, or --ranks N threads (or the MPI
-/// world) with sharded (or owned) state; kokkos, emulated, cuda: one rank through the
-/// Kokkos executor, the emulated device or a CUDA GPU (--backend).
+/// How the ranks run: threads (--ranks N, ranks as threads) or mpi (the MPI world), with
+/// sharded (or owned) state; or one rank with replicated state on the executor the mode
+/// names: single (cpu), kokkos, emulated, cuda (--backend). A mode is declared only where its
+/// DISTOPT_REPLAY_<MODE> is defined (examples/replay/CMakeLists.txt).
 /// The threads and mpi modes hold their communicator in a `distopt::any_comm`, so that they
 /// share one optimizer type per (policy, dtypes, state): the communicator is chosen at run
 /// time, and each collective costs one indirect call more.
-struct single_mode {};
+struct single_mode {
+  using executor = distopt::cpu;
+};
 struct threads_mode {};
 struct mpi_mode {};
-struct kokkos_mode {};
-struct emulated_mode {};
-struct cuda_mode {};
+#if defined(DISTOPT_REPLAY_KOKKOS) && !defined(__CUDACC__)
+struct kokkos_mode {
+  using executor = distopt::kokkos<>;
+};
+#endif
+#ifdef DISTOPT_REPLAY_EMULATED
+struct emulated_mode {
+  using executor = distopt::emulated_device;
+};
+#endif
+#ifdef __CUDACC__
+struct cuda_mode {
+  using executor = distopt::cuda;
+  /// Without a device, the entry exits 77 (no_device_error) before building anything.
+  static void check_device() {
+    int devices = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0)
+      throw no_device_error(std::string("--backend cuda: no CUDA device (") +
+                            (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")");
+  }
+};
+#endif
+
+/// A mode that runs one rank on the executor it names.
+template <class Mode>
+concept one_rank_mode = requires { typename Mode::executor; };
 
 /// One data-parallel rank of several: sharded state, or with --placement owned (GaLore and
 /// Muon only) each whole matrix on one rank (distopt::owned).
@@ -310,8 +336,10 @@ result run_dp_rank(const trace& tr, const config& cfg, Args&&... args) {
 
 template <class Policy, class Mode, class State, class Param, class Grad>
 result run_typed(const trace& tr, const config& cfg) {
-  if constexpr (std::is_same_v<Mode, single_mode>) {
-    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad>(tr, cfg, distopt::single{});
+  if constexpr (one_rank_mode<Mode>) {
+    if constexpr (requires { Mode::check_device(); }) Mode::check_device();
+    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, typename Mode::executor>(
+        tr, cfg, distopt::single{});
   } else if constexpr (std::is_same_v<Mode, threads_mode>) {
     // Rank r = dp * tp + t of the grid; DP rank 0's TP ranks each fill in their parts.
     std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
@@ -325,34 +353,6 @@ result run_typed(const trace& tr, const config& cfg) {
       if (dp == 0) parts[static_cast<std::size_t>(t)] = std::move(r);
     });
     return merge_tp_parts(tr, cfg, std::move(parts));
-  } else if constexpr (std::is_same_v<Mode, kokkos_mode>) {
-#ifdef DISTOPT_REPLAY_KOKKOS
-    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::kokkos<>>(
-        tr, cfg, distopt::single{});
-#else
-    static_assert(!std::is_same_v<Mode, kokkos_mode>, "the kokkos mode needs DISTOPT_REPLAY_KOKKOS");
-    return {};
-#endif
-  } else if constexpr (std::is_same_v<Mode, emulated_mode>) {
-#ifdef DISTOPT_REPLAY_EMULATED
-    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::emulated_device>(
-        tr, cfg, distopt::single{});
-#else
-    static_assert(!std::is_same_v<Mode, emulated_mode>, "the emulated mode needs DISTOPT_REPLAY_EMULATED");
-    return {};
-#endif
-  } else if constexpr (std::is_same_v<Mode, cuda_mode>) {
-#ifdef __CUDACC__
-    int devices = 0;
-    if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0)
-      throw no_device_error(std::string("--backend cuda: no CUDA device (") +
-                            (e != cudaSuccess ? cudaGetErrorString(e) : "none found") + ")");
-    return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, distopt::cuda>(tr, cfg,
-                                                                                                   distopt::single{});
-#else
-    static_assert(!std::is_same_v<Mode, cuda_mode>, "the cuda mode is compiled by nvcc (run_<policy>_cuda.cu)");
-    return {};
-#endif
   } else {
 #if defined(DISTOPT_REPLAY_MPI) && !defined(__CUDACC__)
     distopt::mpi world(MPI_COMM_WORLD);
@@ -414,8 +414,7 @@ result run_policy(const trace& tr, const config& cfg) {
       // GaLore (projected matrices) and Muon are built like the layer-wise policies: fp32 states.
       constexpr bool layerwise = distopt::policy_is_layerwise<Policy> || distopt::projects_matrices<Policy> ||
                                  distopt::orthogonalizes_matrices<Policy>;
-      constexpr bool one_rank_backend = std::is_same_v<Mode, kokkos_mode> || std::is_same_v<Mode, emulated_mode> ||
-                                        std::is_same_v<Mode, cuda_mode>;
+      constexpr bool one_rank_backend = one_rank_mode<Mode> && !std::is_same_v<Mode, single_mode>;
       if constexpr ((!std::is_same_v<Mode, single_mode> || layerwise) && !training_pair) {
         throw usage_error(layerwise ? "--grad-dtype must be fp32 or equal --param-dtype for " + std::string(Policy::name)
                           : one_rank_backend ? "--backend " + cfg.backend + ": --grad-dtype must be fp32 or equal --param-dtype"
