@@ -110,9 +110,12 @@ struct optimizer_options {
   bool check_hook_order = false;
   /// ZeRO-Offload (offload<Device>) on a device executor that can page-lock host memory
   /// (registers_host_memory: cuda): register the host params (ZeRO-1 and 2) and grads
-  /// (ZeRO-1) that every step copies, for as long as the optimizer lives, so that the copies
-  /// run at the link's speed. The param and grad bytes are then locked host memory (at
-  /// stage 1, 2 + 2 B/param for bf16). Off, the copies go through the driver's staging buffer.
+  /// (ZeRO-1) that every step copies, for as long as the optimizer lives, and at ZeRO-2 and
+  /// 3 each buffer of the host's bucket pools (grads; ZeRO-3's gathered params) at the first
+  /// copy into or out of it (the pools keep their buffers), so that the copies run at the
+  /// link's speed. Those bytes are then locked host memory (at stage 1, 2 + 2 B/param for
+  /// bf16; at stages 2 and 3 the pools' peaks, as memory() reports them). Off, the copies go
+  /// through the driver's staging buffer.
   bool pin_host_buffers = true;
   // New options go last: code that initialises this struct positionally keeps compiling.
 };
@@ -126,6 +129,8 @@ struct checkpoint_files;
 }  // namespace io
 
 namespace detail {
+struct offload_access;  // <distopt/exec/offload.hpp>: the host optimizer's pooled buckets
+
 template <class Policy, class Storage, class Comm, class Exec, class Precision>
 consteval bool check_optimizer_arguments() {
   static_assert(policy_declares_state<Policy>,
@@ -879,6 +884,7 @@ class optimizer {
   friend struct detail::muon_engine;
   template <class, class>
   friend struct detail::q8_engine;
+  friend struct detail::offload_access;
 
   /// The step decided on the host: the norm's exact sums are copied to the host, which
   /// decides, prepares the group scalars and launches the update with them.

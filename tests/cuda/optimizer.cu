@@ -28,7 +28,8 @@ using harness::run_options;
 
 /// offload<cuda> page-locks the host buffers each step copies whole (ZeRO-1: params and
 /// grads) for the optimizer's life: the driver reports them as registered host memory;
-/// with pin_host_buffers off it does not register them.
+/// with pin_host_buffers off it does not register them. At ZeRO-3 (one rank) the host's
+/// gathered-params bucket and its grads are registered at their first copies.
 void offload_pins_host_buffers() {
   ++checks;
   layout l;
@@ -54,6 +55,20 @@ void offload_pins_host_buffers() {
                 "off %d/%d (expected 0/0)\n",
                 registered(pinned.host().params().data()), registered(pinned.host().grads().data()),
                 registered(pageable.host().params().data()), registered(pageable.host().grads().data()));
+  }
+  using opt3_t = optimizer<adamw, sharded<fp32, 3>, single, offload<cuda>, precision<bf16>>;
+  opt3_t s3(l, adamw::hyper_params{});
+  s3.gather("w");
+  const bool gathered = registered(s3.host().param("w").data());
+  s3.release("w");
+  (void)s3.grad("w");
+  s3.grads_ready("w");
+  s3.step();
+  const bool grads = registered(s3.host().grad("w").data());
+  if (!gathered || !grads) {
+    ++failures;
+    std::printf("FAILED: offload<cuda> ZeRO-3: host gathered params/grads registered %d/%d (expected 1/1)\n", gathered,
+                grads);
   }
 }
 

@@ -213,10 +213,11 @@ BOOST_AUTO_TEST_CASE(copies_by_stage_and_hooks) {
   BOOST_TEST(copies_in([&] { s2.step(); }) == 2u);
 }
 
-// The host buffers every step copies whole are page-locked (registered with the device)
-// for the optimizer's life: params and grads at stage 1, params at stage 2 (its grads come
-// from the host's bucket pools, copied through pageable memory). The emulated device
-// records the registrations and counts the copies a GPU would stage.
+// The host buffers that the copies read and write are page-locked (registered with the
+// device) for the optimizer's life: params and grads at stage 1 and params at stage 2 from
+// the start, and at stages 2 and 3 each buffer of the host's bucket pools (grads, and the
+// gathered params of stage 3) at its first copy. The emulated device records the
+// registrations and counts the copies a GPU would stage through pageable memory.
 BOOST_AUTO_TEST_CASE(host_buffers_copied_whole_are_page_locked) {
   auto& arenas = detail::device_arenas::instance();
   const std::size_t tensor_bytes = 1024 * sizeof(bf16), base = arenas.registered_bytes();
@@ -239,17 +240,87 @@ BOOST_AUTO_TEST_CASE(host_buffers_copied_whole_are_page_locked) {
     BOOST_TEST(pageable_in([&] { moved.step(); }) == 0u);
 
     one_rank<sharded<float, 2>> s2(l, adamw_decayed(), buckets_of(1024), dev(1));
-    BOOST_TEST(arenas.registered_bytes() - base == 2 * 3 * tensor_bytes + 3 * tensor_bytes);
+    const std::size_t stage2_base = 2 * 3 * tensor_bytes + 3 * tensor_bytes;
+    BOOST_TEST(arenas.registered_bytes() - base == stage2_base);
     s2.step();
     (void)s2.grad("w1");
-    BOOST_TEST(pageable_in([&] { s2.step(); }) == 1u);  // w1's grads into a pooled bucket
+    BOOST_TEST(pageable_in([&] { s2.step(); }) == 0u);  // w1's grads in (registered at this first copy), params out
+    // One rank: the grads are not sharded, so not pooled; the one grads buffer is registered.
+    const std::size_t host_grads = s2.host().memory().bytes("grads");
+    BOOST_TEST(host_grads >= 3 * tensor_bytes);
+    BOOST_TEST(arenas.registered_bytes() - base == stage2_base + host_grads);
+    BOOST_TEST(pageable_in([&] {
+                 for (const char* n : {"w0", "w1", "w2"}) (void)s2.grad(n);
+                 s2.step();
+               }) == 0u);
+    BOOST_TEST(arenas.registered_bytes() - base == stage2_base + host_grads);  // once
+
+    // Stage 3, layer by layer: every gather copies out of the host's gathered bucket, every
+    // grads_ready into its grad bucket; nothing is registered before the first copy.
+    one_rank<sharded<float, 3>> s3(l, adamw_decayed(), buckets_of(1024), dev(1));
+    const std::size_t stage3_base = arenas.registered_bytes();
+    const auto layer_step = [&] {
+      for (const char* n : {"w0", "w1", "w2"}) {
+        s3.gather(n);
+        s3.release(n);
+      }
+      for (const char* n : {"w2", "w1", "w0"}) {
+        (void)s3.grad(n);
+        s3.grads_ready(n);
+      }
+      s3.step();
+    };
+    BOOST_TEST(pageable_in(layer_step) == 0u);
+    BOOST_TEST(pageable_in(layer_step) == 0u);
+    const memory_report host3 = s3.host().memory();
+    BOOST_TEST(host3.bytes("param buckets (peak)") >= tensor_bytes);  // pooled with one rank too
+    BOOST_TEST(arenas.registered_bytes() - stage3_base == host3.bytes("param buckets (peak)") + host3.bytes("grads"));
   }
   BOOST_TEST(arenas.registered_bytes() == base);  // unregistered with their optimizers
+
+  // Three ranks at stages 2 and 3: the grads live in the pools' bucket buffers. Every copy,
+  // the first step's too, goes to or from registered memory, each buffer registered once.
+  for (const int stage : {2, 3}) {
+    BOOST_TEST_CONTEXT("stage " << stage) {
+      const std::size_t before = arenas.pageable_copies();
+      std::vector<std::size_t> pools(3);
+      const auto ranks = [&]<int S>() {
+        run_ranks(3, [&](threads& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          optimizer<adamw, sharded<float, S>, threads, dev, precision<bf16>> o(l, adamw_decayed(), buckets_of(1024),
+                                                                               dev(1), std::move(comm));
+          for (int step = 0; step < 3; ++step) {
+            for (const char* n : {"w0", "w1", "w2"}) {
+              o.gather(n);
+              o.release(n);
+            }
+            for (const char* n : {"w2", "w1", "w0"}) {
+              (void)o.grad(n);  // lent and zeroed on the device (an upload here would be a pageable copy of its own)
+              o.grads_ready(n);
+            }
+            o.step();
+          }
+          const memory_report m = o.host().memory();
+          pools[r] = m.bytes("grad buckets (peak)") + m.bytes("param buckets (peak)");
+        });
+      };
+      if (stage == 2) ranks.template operator()<2>();
+      else ranks.template operator()<3>();
+      BOOST_TEST(arenas.pageable_copies() == before);
+      for (const std::size_t p : pools) BOOST_TEST(p >= tensor_bytes);
+    }
+  }
+  BOOST_TEST(arenas.registered_bytes() == base);
   optimizer_options unpinned = buckets_of(1024);
   unpinned.pin_host_buffers = false;
   one_rank<sharded<float>> plain(l, adamw_decayed(), unpinned, dev(1));
   BOOST_TEST(arenas.registered_bytes() == base);
   BOOST_TEST(pageable_in([&] { plain.step(); }) == 3u);  // params in, grads in, params out
+  one_rank<sharded<float, 2>> plain2(l, adamw_decayed(), unpinned, dev(1));
+  plain2.step();
+  (void)plain2.grad("w1");
+  BOOST_TEST(pageable_in([&] { plain2.step(); }) == 2u);  // w1's grads in, params out
+  BOOST_TEST(arenas.registered_bytes() == base);
 
   // As cudaHostRegister, the emulated device refuses a range that overlaps a registered one.
   std::vector<float> host(64);

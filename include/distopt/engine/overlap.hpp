@@ -188,6 +188,9 @@ class bucket_pool {
 
   /// Bucket `k`'s buffer, or null when it holds none.
   T* of(std::size_t k) const { return held_.at(k).data(); }
+  /// The bytes of bucket `k`'s buffer (0 when it holds none): a pooled buffer may be larger
+  /// than the bucket (up to twice).
+  std::size_t bytes_of(std::size_t k) const { return held_.at(k).bytes(); }
 
   /// Lends bucket `k` a buffer (the one it holds, if any). `dirty` is set when the
   /// buffer's contents may not be zeros (a returned one): the caller zeroes the bucket's

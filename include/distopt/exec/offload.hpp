@@ -20,11 +20,12 @@
 ///    copied.
 /// The results are the host optimizer's, bit for bit: the device only holds copies.
 ///
-/// Where the device can page-lock host memory (cuda), the host params (stages 0-2) and grads
-/// (stages 0-1), which those copies read and write whole, are registered for the
-/// optimizer's life (optimizer_options::pin_host_buffers, on by default). The per-tensor
-/// buffers of ZeRO-2's grads and ZeRO-3's gathered params come from the host optimizer's
-/// pools and are copied through pageable memory.
+/// Where the device can page-lock host memory (cuda), the host memory those copies read and
+/// write is registered for the optimizer's life (optimizer_options::pin_host_buffers, on by
+/// default): the host params (stages 0-2) and grads (stages 0-1) at construction, and at
+/// ZeRO-2 and ZeRO-3 each buffer of the host optimizer's bucket pools (grads; ZeRO-3's
+/// gathered params) at the first copy into or out of it (with one rank, the one grads
+/// buffer). The pools keep their buffers, so each is registered once.
 ///
 /// Writes into a device param view reach the optimizer before the first `step()` or `save`
 /// (the initial params: stages 0-2 copy every device param to the host then), and through
@@ -161,6 +162,9 @@ class host_registration {
   }
   ~host_registration() { release(); }
 
+  /// Whether `p` was registered here (as the start of a range).
+  bool holds(const void* p) const noexcept { return std::find(ranges_.begin(), ranges_.end(), p) != ranges_.end(); }
+
   /// Registers `bytes` from `p` (nothing when empty). `what` names the buffer in the error.
   void add(void* p, std::size_t bytes, const char* what) {
     if constexpr (registers_host_memory<Device>) {
@@ -185,6 +189,25 @@ class host_registration {
   }
   std::optional<Device> device_;
   std::vector<void*> ranges_;
+};
+
+/// What offload reads of its host optimizer beyond its public interface (a friend of every
+/// optimizer): the host buffer that holds tensor `i`'s grads (ZeRO-2 and 3) or gathered
+/// params (ZeRO-3), whole, as {data, bytes}: its bucket's pooled buffer ({nullptr, 0} when
+/// the bucket holds none), or with one rank at ZeRO-2 and 3 the one grads buffer (the grads
+/// are pooled only when they are sharded).
+struct offload_access {
+  template <class Host>
+  static std::pair<void*, std::size_t> grad_bucket(Host& host, std::size_t i) {
+    if (!host.shards_grads()) return {host.grads_.data(), host.grads_.bytes()};
+    const std::size_t k = host.hooks_.bucket_of(i);
+    return {host.grad_pool_.of(k), host.grad_pool_.bytes_of(k)};
+  }
+  template <class Host>
+  static std::pair<void*, std::size_t> param_bucket(Host& host, std::size_t i) {
+    const std::size_t k = host.hooks_.bucket_of(i);
+    return {host.param_pool_.of(k), host.param_pool_.bytes_of(k)};
+  }
 };
 
 }  // namespace detail
@@ -241,7 +264,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       grads_ = detail::buffer<grad_type, Device>(exec_.device(), all.size());
       for (const auto& t : ts) grad_at_.push_back(static_cast<std::size_t>(host().grad(t.name).data() - all.data()));
     }
-    if (options.pin_host_buffers) {  // the buffers every step copies whole
+    if (options.pin_host_buffers) {  // the buffers every step copies whole; the pools' at their first copy
+      pin_pools_ = zero_stage >= 2;
       pinned_ = detail::host_registration<Device>(exec_.device());
       if constexpr (zero_stage < 3) pinned_.add(host().params().data(), host().params().size_bytes(), "params");
       if constexpr (zero_stage < 2) pinned_.add(host().grads().data(), host().grads().size_bytes(), "grads");
@@ -366,6 +390,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       if constexpr (zero_stage >= 3) {
         const std::size_t i = index_of(name);
         const auto from = host().param(name);
+        pin_pooled(detail::offload_access::param_bucket(host(), i), "param bucket buffer");
         lent_params_[i] = static_cast<param_type*>(param_pool_.lend(exec_.device(), from.size_bytes()));
         detail::copy_bytes(exec_, lent_params_[i], from.data(), from.size_bytes());
       }
@@ -478,7 +503,15 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   void push_grad(std::size_t i) {
     const auto to = host().grad(name_of(i));
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
-    if (from) detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+    if (!from) return;
+    if constexpr (zero_stage >= 2) pin_pooled(detail::offload_access::grad_bucket(host(), i), "grad bucket buffer");
+    detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+  }
+  /// ZeRO-2 and 3, with pin_host_buffers: registers a host pool buffer that a copy is about
+  /// to read or write, unless it is registered already. The pool keeps it for the
+  /// optimizer's life, and `pinned_` is destroyed first.
+  void pin_pooled(std::pair<void*, std::size_t> buffer, const char* what) {
+    if (pin_pools_ && buffer.first && !pinned_.holds(buffer.first)) pinned_.add(buffer.first, buffer.second, what);
   }
   /// Copies the grads no hook copied, then runs f (the host's reduce, clip or step); if f
   /// throws, they count as not copied, so that the step can go on once the cause is mended
@@ -563,6 +596,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
+  bool pin_pools_ = false;       // ZeRO-2 and 3 with pin_host_buffers: register the host pools' buffers
   detail::host_registration<Device> pinned_;  // last: unregistered before the buffers go
 };
 
