@@ -8,7 +8,10 @@
 // times a plain OpenMP AdamW loop, the bar for the AdamW rows. Prints a table, then one
 // JSON line per case.
 //
-//   distopt-bench-step [--params N] [--threads T] [--repeats R] [--only POLICY]
+//   distopt-bench-step [--params N] [--threads T] [--repeats R] [--only POLICY] [--evict MIB]
+//
+// --evict MIB writes MIB MiB before each timed run (every row, the ceilings too): the arrays
+// then come from memory, as in a training step after the model's passes.
 
 #include <algorithm>
 #include <cstdio>
@@ -45,7 +48,7 @@ double stream_gbps(distopt::cpu& exec, std::size_t n, int rw, int repeats) {
 int usage(const char* bad) {
   std::fprintf(stderr,
                "distopt-bench-step: %s\nusage: distopt-bench-step [--params N] [--threads T] "
-               "[--repeats R] [--only sgd|adam|adamw|lion]\n",
+               "[--repeats R] [--only sgd|adam|adamw|lion] [--evict MIB]\n",
                bad);
   return 2;
 }
@@ -63,13 +66,15 @@ int main(int argc, char** argv) {
     else if (a == "--threads") s.threads = std::atoi(v);
     else if (a == "--repeats") s.repeats = std::atoi(v);
     else if (a == "--only") only = v;
+    else if (a == "--evict") bench::evict_bytes() = std::strtoull(v, nullptr, 10) << 20;
     else return usage(("unknown option " + std::string(a)).c_str());
   }
   if (s.params == 0 || s.repeats < 1 || s.threads < 0) return usage("invalid value");
   distopt::cpu exec(s.threads);
   s.threads = exec.concurrency();
-  std::printf("distopt-bench-step: %zu params, %d threads, best of %d repeats\n", s.params,
-              s.threads, s.repeats);
+  std::printf("distopt-bench-step: %zu params, %d threads, best of %d repeats", s.params, s.threads, s.repeats);
+  if (bench::evict_bytes()) std::printf(", %zu MiB written before each", bench::evict_bytes() >> 20);
+  std::printf("\n");
   std::vector<double> ours(6), plain(6), ceiling(6);
   for (int rw = 1; rw <= 5; ++rw) {
     ours[rw] = stream_gbps(exec, s.params, rw, s.repeats);
