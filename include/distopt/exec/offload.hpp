@@ -142,7 +142,8 @@ class device_pool {
 
 /// Host memory registered with a device executor (registers_host_memory) for as long as
 /// this lives: ZeRO-Offload's host params and grads, which every step copies. Moving hands
-/// the registrations over. With an executor that cannot register, it records nothing.
+/// the registrations over. With an executor that cannot register, or default-constructed
+/// (optimizer_options::pin_host_buffers off), it records nothing.
 template <class Device>
 class host_registration {
  public:
@@ -168,7 +169,7 @@ class host_registration {
   /// Registers `bytes` from `p` (nothing when empty). `what` names the buffer in the error.
   void add(void* p, std::size_t bytes, const char* what) {
     if constexpr (registers_host_memory<Device>) {
-      if (!p || bytes == 0) return;
+      if (!device_ || !p || bytes == 0) return;
       ranges_.reserve(ranges_.size() + 1);  // nothing throws between the register and the record
       try {
         device_->register_host(p, bytes);
@@ -265,7 +266,6 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       for (const auto& t : ts) grad_at_.push_back(static_cast<std::size_t>(host().grad(t.name).data() - all.data()));
     }
     if (options.pin_host_buffers) {  // the buffers every step copies whole; the pools' at their first copy
-      pin_pools_ = zero_stage >= 2;
       pinned_ = detail::host_registration<Device>(exec_.device());
       if constexpr (zero_stage < 3) pinned_.add(host().params().data(), host().params().size_bytes(), "params");
       if constexpr (zero_stage < 2) pinned_.add(host().grads().data(), host().grads().size_bytes(), "grads");
@@ -507,11 +507,11 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     if constexpr (zero_stage >= 2) pin_pooled(detail::offload_access::grad_bucket(host(), i), "grad bucket buffer");
     detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
   }
-  /// ZeRO-2 and 3, with pin_host_buffers: registers a host pool buffer that a copy is about
-  /// to read or write, unless it is registered already. The pool keeps it for the
-  /// optimizer's life, and `pinned_` is destroyed first.
+  /// ZeRO-2 and 3: registers a host pool buffer that a copy is about to read or write,
+  /// unless it is registered already (nothing with pin_host_buffers off). The pool keeps it
+  /// for the optimizer's life, and `pinned_` is destroyed first.
   void pin_pooled(std::pair<void*, std::size_t> buffer, const char* what) {
-    if (pin_pools_ && buffer.first && !pinned_.holds(buffer.first)) pinned_.add(buffer.first, buffer.second, what);
+    if (!pinned_.holds(buffer.first)) pinned_.add(buffer.first, buffer.second, what);
   }
   /// Copies the grads no hook copied, then runs f (the host's reduce, clip or step); if f
   /// throws, they count as not copied, so that the step can go on once the cause is mended
@@ -596,7 +596,6 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
-  bool pin_pools_ = false;       // ZeRO-2 and 3 with pin_host_buffers: register the host pools' buffers
   detail::host_registration<Device> pinned_;  // last: unregistered before the buffers go
 };
 
