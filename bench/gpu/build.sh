@@ -59,4 +59,12 @@ status=0
 } > "$bundle/MANIFEST"
 cat "$bundle/MANIFEST"
 [ $status -eq 0 ] || { echo "bench/gpu/build.sh: ldd check failed" >&2; exit 1; }
+# The device tool carries at most 64 MiB with the working tree: the programs without their
+# host symbols (kernel names stay, in the device code), and any still above 8 MB (the replay
+# tool: 29 MB, 4.4 MB compressed) as name.xz, which run.sh unpacks there.
+for p in "${programs[@]}"; do
+  f=$bundle/${p##*/}
+  strip "$f"
+  [ "$(stat -c %s "$f")" -le 8000000 ] || xz -T2 -6 "$f"
+done
 echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine: bash $bundle/run.sh"

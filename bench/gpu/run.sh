@@ -17,6 +17,15 @@ bundle=$here
 [ -x "$bundle/test_cuda_update" ] || bundle=$(cd "${BUNDLE:-$here/../../build-gpu/bundle}" && pwd) ||
   { echo "run.sh: no bundle: run bench/gpu/build.sh first" >&2; exit 2; }
 out=${OUT:-$PWD/gpu-results}
+# build.sh compressed the largest programs (the device tool's size limit): unpacked here.
+for f in "$bundle"/*.xz; do
+  [ -e "$f" ] || continue
+  xz -d "$f" 2> /dev/null ||
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f" ||
+    { echo "run.sh: cannot unpack $f" >&2; exit 2; }
+  chmod +x "${f%.xz}"
+  rm -f "$f"
+done
 mkdir -p "$out"
 params=${PARAMS:-321000000}
 cat "$bundle/MANIFEST" 2> /dev/null
@@ -54,21 +63,24 @@ run_test nccl.one_rank_plumbing 60 "$bundle/test_nccl_comm"
 run_test nccl.multi_rank 60 "$bundle/test_nccl_multi_rank"
 # distopt-replay --backend cuda against --backend cpu on the same traces, byte for byte
 # (ctest's replay_backend.cuda.*: the cases and traces build.sh copied).
+# The outputs go to a scratch folder, removed at the end: $OUT keeps the logs alone (the
+# device tool returns at most 8 files).
+replay_dir=$(mktemp -d)
 replay_same() {
-  local case=$1 r=$out/replay
+  local case=$1 r=$replay_dir
   shift
-  mkdir -p "$r"
   "$bundle/distopt-replay" --trace "$bundle/traces/$case.trace.safetensors" --out "$r/$case.cpu.safetensors" "$@" &&
     "$bundle/distopt-replay" --trace "$bundle/traces/$case.trace.safetensors" --out "$r/$case.cuda.safetensors" "$@" \
       --backend cuda && cmp "$r/$case.cpu.safetensors" "$r/$case.cuda.safetensors" &&
     echo "--backend cuda: the same bytes as --backend cpu"
 }
 export -f replay_same
-export bundle out
+export bundle out replay_dir
 while read -r case optimizer args; do
   # shellcheck disable=SC2086 # the case's arguments, split as ctest splits them
   run_test "replay_backend.cuda.$case" 30 bash -c 'replay_same "$@"' _ "$case" --optimizer "$optimizer" $args < /dev/null
 done < "$bundle/replay_cases.txt"
+rm -rf "$replay_dir"
 
 rm -f "$out/distopt.jsonl" "$out/torch.jsonl" "$out/variants.txt"
 timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/distopt.jsonl" 2>&1 |
