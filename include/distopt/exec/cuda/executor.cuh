@@ -187,8 +187,8 @@ class cuda {
   }
   template <class Policy, int N, detail::param_mode Mode, class Param, class Grad>
   void launch(std::size_t items, const detail::q8_update_phase<Policy, N, Mode, Param, Grad>& p) {
-    run<cuda_exec::q8_update_phase_kernel<Policy, N, Mode, Param, Grad>>(items, p,
-                                                                          "distopt::cuda 8-bit update launch");
+    run<cuda_exec::q8_update_phase_kernel<Policy, N, Mode, Param, Grad>>(items, p, "distopt::cuda 8-bit update launch",
+                                                                          cuda_exec::q8_shared_bytes<N>);
   }
   template <class G>
   void launch(std::size_t items, const detail::squares_phase<G>& p) {
@@ -199,6 +199,12 @@ class cuda {
   void launch(std::size_t items, const detail::layer_phase_body<Policy, P, Mode, Param, Grad, State>& p) {
     const cuda_exec::device_guard on(device_);
     cuda_exec::launch_layer_phase(p, items, multiprocessors(), stream_);
+  }
+  /// The merge of a layer-wise phase's sums (layer_phase.cuh): blocks per tensor.
+  template <class Policy, int P>
+  void launch(std::size_t items, const detail::layer_merge_phase<Policy, P>& p) {
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::launch_layer_merge(p, items, multiprocessors(), stream_);
   }
   void launch(std::size_t items, const detail::norm_wire_phase& p) {
     if (items == 0) return;
@@ -215,12 +221,14 @@ class cuda {
 
  private:
   /// Launches grid-stride kernel `Kernel(p, items)` with the blocks of 256 threads that fit
-  /// on the device at once (cuda_exec::resident_grid), at most one per item.
+  /// on the device at once (cuda_exec::resident_grid), at most one per item; `shared`:
+  /// bytes of dynamic shared memory a block.
   template <auto Kernel, class Phase>
-  void run(std::size_t items, const Phase& p, const char* what) {
+  void run(std::size_t items, const Phase& p, const char* what, std::size_t shared = 0) {
     if (items == 0) return;
     const cuda_exec::device_guard on(device_);
-    Kernel<<<cuda_exec::resident_grid<Kernel>(items, multiprocessors()), 256, 0, stream_>>>(p, items);
+    cuda_exec::allow_shared<Kernel>(shared);
+    Kernel<<<cuda_exec::resident_grid<Kernel>(items, multiprocessors(), shared), 256, shared, stream_>>>(p, items);
     cuda_exec::check(cudaGetLastError(), what);
   }
 

@@ -5,7 +5,7 @@
 /// CAME) as CUDA kernels: a thread block per work item for a phase that sums
 /// (layer_phase_kernel), a thread block per piece for one that sums nothing
 /// (layer_pass_kernel), grid-stride. The items' sums are then merged and converted on the
-/// device by detail::layer_merge_phase (the generic phase kernel).
+/// device by detail::layer_merge_phase (layer_merge_kernel: a grid row of blocks a tensor).
 ///
 /// The host loop (detail::layer_range) walks an item in segments, the intersections of a
 /// layout block with a matrix row, and sums each segment's tensor and row values in double
@@ -269,6 +269,31 @@ void launch_layer_phase(const Body& p, std::size_t items, int sms, cudaStream_t 
     kernel<<<grid(kernel, 0), 256, 0, stream>>>(p, items);
   }
   check(cudaGetLastError(), "distopt::cuda layer-wise phase launch");
+}
+
+/// detail::layer_merge_phase: tensor t by the blocks of grid row t (grid-stride in y), its
+/// merged sums dealt one to a thread across the row's blocks; each thread merges its sum
+/// over the tensor's items as the phase's body does. (The generic phase kernel ran a block
+/// per tensor: a column sum adds 88 B from each of the tensor's items, and 33 blocks took
+/// 1.7 ms for a 60 M-param model on an H200, 1 % of its DRAM bandwidth; ncu, 2026-11-28.)
+template <class Merge>
+DISTOPT_KERNEL void __launch_bounds__(256) layer_merge_kernel(const Merge p, std::size_t tensors) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t t = blockIdx.y; t < tensors; t += gridDim.y)
+    for (std::size_t j = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x, n = p.size(t); j < n;
+         j += stride)
+      p(t, j, j + 1);
+}
+
+/// Launches layer_merge_kernel over `tensors` tensors on `stream`: about 8 blocks a
+/// multiprocessor in all, at least one per tensor.
+template <class Merge>
+void launch_layer_merge(const Merge& p, std::size_t tensors, int sms, cudaStream_t stream) {
+  if (tensors == 0) return;
+  const unsigned rows = static_cast<unsigned>(std::min<std::size_t>(tensors, 65535));
+  const unsigned per_row = static_cast<unsigned>(std::max<std::size_t>(1, static_cast<std::size_t>(sms) * 8 / rows));
+  layer_merge_kernel<Merge><<<dim3(per_row, rows), 256, 0, stream>>>(p, tensors);
+  check(cudaGetLastError(), "distopt::cuda layer-wise merge launch");
 }
 
 }  // namespace abi_v0_1

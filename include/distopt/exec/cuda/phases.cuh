@@ -12,9 +12,11 @@
 ///
 /// The 8-bit update (detail::q8_update_phase): the generic kernel gives a thread a whole
 /// quantization block of 256 elements. Here a warp takes a block: lane l the elements l,
-/// l + 32, ..., l + 224, decoded, updated by detail::update_one in registers, the block's
+/// l + 32, ..., l + 224, all loaded before any is used, decoded through the slots' maps in
+/// shared memory, updated by detail::update_one in registers, the block's
 /// new absmax a warp max over the magnitudes' bit patterns (detail::block_absmax's order-free
-/// max), the codes through the slot's lookup table (q8_codebook::q8_nearest): the CPU's
+/// max), the codes through the slot's lookup table (q8_codebook::q8_nearest, shared memory
+/// too): the CPU's
 /// update_range_q8, element for element.
 ///
 /// The exact norm (detail::squares_phase, detail::norm_wire_phase): the generic phase
@@ -179,6 +181,12 @@ DISTOPT_KERNEL void __launch_bounds__(256)
   }
 }
 
+/// Dynamic shared memory of q8_update_phase_kernel with N quantized slots: each slot's map
+/// (256 floats) and lookup table (2 * q8_codebook::slices int32).
+template <int N>
+inline constexpr std::size_t q8_shared_bytes =
+    static_cast<std::size_t>(N) * (256 * sizeof(float) + 2 * detail::q8_codebook::slices * sizeof(std::int32_t));
+
 /// detail::q8_update_phase: a thread block per item (a piece), grid-stride; a warp per
 /// quantization block of an 8-bit piece; a thread per element of a piece with fp32 states
 /// (a tensor below min_8bit_size).
@@ -194,6 +202,18 @@ DISTOPT_KERNEL void __launch_bounds__(256)
   constexpr bool uses_master = Mode == param_mode::master;
   constexpr int S = N > 0 ? N : 1;
   const unsigned lane = threadIdx.x % 32u, warp = threadIdx.x / 32u, warps = blockDim.x / 32u;
+  // Each slot's map and lookup table copied into shared memory once per thread block
+  // (q8_shared_bytes<N>: 25,616 B a slot): a warp's 32 lookups at scattered codes and
+  // slices then cost a few bank conflicts instead of a cache line each.
+  extern __shared__ __align__(16) unsigned char q8_tables_shared[];
+  constexpr std::size_t lut_size = 2 * q8_codebook::slices;
+  float* const map = reinterpret_cast<float*>(q8_tables_shared);
+  std::int32_t* const lut = reinterpret_cast<std::int32_t*>(map + S * 256);
+  if constexpr (N > 0) {
+    for (std::size_t i = threadIdx.x; i < N * 256; i += blockDim.x) map[i] = p.map[i / 256][i % 256];
+    for (std::size_t i = threadIdx.x; i < N * lut_size; i += blockDim.x) lut[i] = p.lut[i / lut_size][i % lut_size];
+    __syncthreads();
+  }
   for (std::size_t c = blockIdx.x; c < items; c += gridDim.x) {
     const std::size_t blocks = p.size(c);
     if (blocks == 0) continue;
@@ -216,6 +236,14 @@ DISTOPT_KERNEL void __launch_bounds__(256)
     }
     for (std::size_t blk = warp; blk < blocks; blk += warps) {
       const std::size_t b0 = blk * B;
+      // Every load of the lane's elements first (params only without master weights: with
+      // them the params are only written), so that a lane has them all in flight; then the
+      // decode and detail::update_one on them in registers.
+      const bool full = pc.count - b0 >= B;
+      Param rp[per_lane];
+      Grad rg[per_lane];
+      float rm[uses_master ? per_lane : 1];
+      std::uint8_t rc[S][per_lane];
       float fresh[S][per_lane] = {};
       float old_absmax[S];
 DISTOPT_CUDA_UNROLL
@@ -223,12 +251,24 @@ DISTOPT_CUDA_UNROLL
 DISTOPT_CUDA_UNROLL
       for (std::size_t j = 0; j < per_lane; ++j) {
         const std::size_t i = b0 + lane + 32 * j;
-        if (i >= pc.count) break;
+        if (!full && i >= pc.count) continue;
+        if constexpr (!uses_master) rp[j] = params[i];
+        rg[j] = grads[i];
+        if constexpr (uses_master) rm[j] = master[i];
 DISTOPT_CUDA_UNROLL
-        for (int k = 0; k < N; ++k) fresh[k][j] = p.map[k][p.code[k][q.offset + i]] * old_absmax[k];
+        for (int k = 0; k < N; ++k) rc[k][j] = p.code[k][q.offset + i];
+      }
+DISTOPT_CUDA_UNROLL
+      for (std::size_t j = 0; j < per_lane; ++j) {
+        const std::size_t i = b0 + lane + 32 * j;
+        if (!full && i >= pc.count) continue;
+DISTOPT_CUDA_UNROLL
+        for (int k = 0; k < N; ++k) fresh[k][j] = map[k * 256 + rc[k][j]] * old_absmax[k];
         float* f[4] = {&fresh[0][j], &fresh[N > 1 ? 1 : 0][j], &fresh[N > 2 ? 2 : 0][j], &fresh[N > 3 ? 3 : 0][j]};
-        update_one<Policy, N, Mode>(s, params + i, grads + i, uses_master ? master + i : nullptr, f[0], f[1], f[2],
-                                    f[3], 0, scale, key, pc.layout + i);
+        update_one<Policy, N, Mode>(s, &rp[j], &rg[j], uses_master ? &rm[j] : nullptr, f[0], f[1], f[2], f[3], 0, scale,
+                                    key, pc.layout + i);
+        params[i] = rp[j];
+        if constexpr (uses_master) master[i] = rm[j];
       }
 DISTOPT_CUDA_UNROLL
       for (int k = 0; k < N; ++k) {
@@ -243,7 +283,7 @@ DISTOPT_CUDA_UNROLL
 DISTOPT_CUDA_UNROLL
         for (std::size_t j = 0; j < per_lane; ++j) {
           const std::size_t i = b0 + lane + 32 * j;
-          if (i < pc.count) p.code[k][q.offset + i] = q8_codebook::q8_nearest(p.lut[k], fresh[k][j] * inv);
+          if (i < pc.count) p.code[k][q.offset + i] = q8_codebook::q8_nearest(lut + k * lut_size, fresh[k][j] * inv);
         }
         if (lane == 0) p.absmax[k][q.offset / B + blk] = amax;
       }

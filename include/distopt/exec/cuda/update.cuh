@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -131,17 +132,18 @@ inline int multiprocessors() {
 
 }  // namespace detail_
 
-/// Thread blocks of 256 threads of `Kernel` that one multiprocessor runs at once (asked of
-/// the device current at the first call, once per kernel; at least 1). A grid-stride
+/// Thread blocks of 256 threads of `Kernel`, with `shared` bytes of dynamic shared memory
+/// each (the same at every call), that one multiprocessor runs at once (asked of the device
+/// current at the first call, once per kernel; at least 1). A grid-stride
 /// ("persistent") kernel wants that many blocks a multiprocessor and no more: blocks beyond
 /// it run in a later wave, and the last, partial wave leaves most of the chip idle. (On an
 /// H200, 8 blocks a multiprocessor where 3 fit held the AdamW fp32 kernel at 0.87 of the
 /// copy bandwidth; the resident grid runs it at 0.93.)
 template <auto Kernel>
-int resident_blocks() {
-  static const int per_sm = [] {
+int resident_blocks(std::size_t shared = 0) {
+  static const int per_sm = [shared] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, 256, 0) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, 256, shared) != cudaSuccess) {
       static_cast<void>(cudaGetLastError());  // a failed query is not the launch's error
       return 1;
     }
@@ -150,11 +152,29 @@ int resident_blocks() {
   return per_sm;
 }
 
+/// Lets `Kernel` take `shared` bytes of dynamic shared memory a block where that is above
+/// the 48 KiB a launch gets by default: the attribute set once per device, at the first
+/// launch there (a step's first launch precedes any graph capture of a later one), and
+/// the same `shared` at every call.
+template <auto Kernel>
+void allow_shared(std::size_t shared) {
+  if (shared <= 48 * 1024) return;
+  static std::atomic<std::uint64_t> set{0};  // bit d: done on device d (d < 64)
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const std::uint64_t bit = device >= 0 && device < 64 ? std::uint64_t{1} << device : 0;
+  if (bit != 0 && (set.load(std::memory_order_acquire) & bit) != 0) return;
+  check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+        "cudaFuncSetAttribute (dynamic shared memory)");
+  set.fetch_or(bit, std::memory_order_acq_rel);
+}
+
 /// The grid of a grid-stride kernel over `items` on `sms` multiprocessors: as many blocks
 /// as run at once, at most one per item.
 template <auto Kernel>
-unsigned resident_grid(std::size_t items, int sms) {
-  return static_cast<unsigned>(std::min<std::size_t>(items, static_cast<std::size_t>(sms) * resident_blocks<Kernel>()));
+unsigned resident_grid(std::size_t items, int sms, std::size_t shared = 0) {
+  return static_cast<unsigned>(
+      std::min<std::size_t>(items, static_cast<std::size_t>(sms) * resident_blocks<Kernel>(shared)));
 }
 
 /// One vector step: elements [i0, i0 + vector_width) of every array loaded in 16-byte
