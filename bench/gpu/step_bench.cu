@@ -8,7 +8,8 @@
 // plus, with the check on, one more read of the grads. A step's time is the host's wall
 // clock around step() and a stream synchronisation, best of --repeats after a warm-up.
 // JSON lines with --json; bench/gpu/run.sh runs it beside distopt-bench-gpu-update. Last,
-// ZeRO-Offload's step (states on the host) against the device-resident one.
+// ZeRO-Offload's step (states on the host) against the device-resident one, and after a
+// modelled backward with the overlap hooks and without.
 
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
@@ -100,6 +101,45 @@ double offload_seconds(const options& o, cudaStream_t stream, const distopt::ada
   return best_seconds(o.repeats, stream, [&] { opt.step(); });
 }
 
+/// A stand-in for one layer's backward kernels: one thread block that spins for `ns`
+/// nanoseconds of the device's clock (%globaltimer), occupying the stream, not the chip.
+__global__ void modelled_backward(unsigned long long ns) {
+  unsigned long long t0 = 0, t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  while (t - t0 < ns);
+}
+
+/// ZeRO-Offload's step after a modelled backward: per tensor, last first, a kernel of
+/// `ns_per_param` x its elements on the stream; then, with `hooks`, grads_ready(tensor) at
+/// once (the copy to the host starts on the device's copy stream and the next tensor's
+/// kernel runs meanwhile); then step(). Without hooks step() copies every grad after
+/// backward. Returns {backward alone, backward + step} in seconds, best of --repeats.
+std::pair<double, double> offload_overlap_seconds(const options& o, cudaStream_t stream,
+                                                  const distopt::adamw::hyper_params& h, int threads, bool hooks,
+                                                  double ns_per_param) {
+  using opt_t = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
+                                   distopt::offload<distopt::cuda>, distopt::precision<distopt::bf16, distopt::bf16>>;
+  const distopt::layout l = bench::gpt_like(o.params, distopt::dtype::bf16);
+  opt_t opt(l, h, {}, distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
+  const std::vector<distopt::bf16> g(opt.grads().size(), distopt::from_float<distopt::bf16>(1e-3f));
+  distopt::upload(opt.executor(), g, opt.grads());
+  const auto& ts = l.tensors();
+  const auto backward = [&](bool ready) {
+    for (std::size_t k = ts.size(); k-- > 0;) {
+      const auto ns = static_cast<unsigned long long>(ns_per_param * static_cast<double>(ts[k].numel));
+      modelled_backward<<<1, 1, 0, stream>>>(ns);
+      if (ready) opt.grads_ready(ts[k].name);
+    }
+  };
+  const double alone = best_seconds(o.repeats, stream, [&] { backward(false); });
+  const double both = best_seconds(o.repeats, stream, [&] {
+    backward(hooks);
+    opt.step();
+  });
+  return {alone, both};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,6 +192,23 @@ int main(int argc, char** argv) {
              << threads << ",\"host_buffers\":\"" << host << "\",\"params\":" << rows[1].params
              << ",\"ns_per_param\":" << off_ns << ",\"device_resident_ns_per_param\":" << dev_s / rows[1].params * 1e9
              << "}\n";
+    }
+    // The hooks' overlap: a modelled backward of 0.04 ns/param (the copies of the bf16 grads
+    // at 50 GB/s take as long), then the step, with grads_ready per tensor and without.
+    constexpr double backward_ns = 0.04;
+    for (const bool hooks : {false, true}) {
+      const auto [alone, both] = offload_overlap_seconds(o, stream, w, threads, hooks, backward_ns);
+      const double n = rows[1].params;
+      std::printf("offload after a modelled backward (%.2f ns/param, %.1f ms), %s: backward + step %.1f ms, "
+                  "the step's share %.4f ns/param\n",
+                  backward_ns, alone * 1e3, hooks ? "grads_ready per tensor" : "no hooks", both * 1e3,
+                  (both - alone) / n * 1e9);
+      if (json)
+        json << "{\"bench\":\"gpu-offload-overlap\",\"impl\":\"distopt\",\"device\":\"" << prop.name
+             << "\",\"policy\":\"adamw\",\"model\":\"gpt-like\",\"precision\":\"bf16+master\",\"threads\":"
+             << threads << ",\"hooks\":" << (hooks ? "true" : "false") << ",\"params\":" << n
+             << ",\"backward_ns_per_param\":" << backward_ns << ",\"backward_s\":" << alone
+             << ",\"backward_and_step_s\":" << both << "}\n";
     }
     cudaStreamDestroy(stream);
   } catch (const std::exception& e) {

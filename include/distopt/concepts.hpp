@@ -264,6 +264,19 @@ concept registers_host_memory = requires(E& e, void* p, std::size_t n) {
   e.unregister_host(p);
 };
 
+/// True when executor E copies its memory to the host beside its launches:
+/// `copy_to_host_async(dst, src, n)` enqueues the copy after everything enqueued on the
+/// executor before it, returns a ticket (increasing, never 0) and does not wait;
+/// `copy_wait(t)` waits for copy t and every copy before it. Until then the host must not
+/// read `dst`, nor anything write `src`. ZeRO-Offload copies a tensor's grads this way at
+/// grads_ready, so that backward's next kernels run meanwhile (cuda: a copy stream per
+/// device; emulated_device: a queue that makes each copy only when it is waited for).
+template <class E>
+concept copies_async = requires(E& e, void* dst, const void* src, std::size_t n, std::uint64_t t) {
+  { e.copy_to_host_async(dst, src, n) } -> std::same_as<std::uint64_t>;
+  e.copy_wait(t);
+};
+
 /// True when executor E runs host functions: any callable passed to its parallel_for,
 /// lambdas that capture host references included (cpu, kokkos on a host space,
 /// emulated_device). False for an executor that declares `static constexpr bool

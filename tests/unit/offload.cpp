@@ -21,6 +21,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,61 @@ BOOST_AUTO_TEST_CASE(copies_by_stage_and_hooks) {
   s2.step();
   (void)s2.grad("w1");  // lent and zeroed: one copy; the others have none to copy
   BOOST_TEST(copies_in([&] { s2.step(); }) == 2u);
+}
+
+// On a device that copies asynchronously, grads_ready only starts its copies: the next
+// hook (or the step) waits for them and hands the tensors to the host optimizer. The
+// emulated device makes a copy only when it is waited for, so a host that read its grads
+// earlier, or a device buffer reused before, would change the results (the stage tests
+// above compare them bit for bit). Moving an optimizer over one with a copy in flight
+// waits for that copy and ends its registrations before its buffers go.
+BOOST_AUTO_TEST_CASE(grads_ready_copies_run_beside_the_device_until_the_next_hook) {
+  static_assert(copies_async<emulated_device>);
+  auto& queue = detail::emulated_copies::instance();
+  const layout l = three_equal_tensors();
+  for (const int stage : {1, 2}) {
+    BOOST_TEST_CONTEXT("stage " << stage) {
+      const auto check = [&](auto& opt) {
+        std::vector<bf16> g(1024);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = from_float<bf16>(0.25f + static_cast<float>(i % 7));
+        upload(opt.executor(), std::span<const bf16>(g), opt.grad("w1"));
+        const bf16* host_w1 = opt.host().grad("w1").data();  // the host's grads of w1 (its bucket's buffer)
+        opt.grads_ready("w1");
+        BOOST_TEST(opt.grads_in_flight() == 1u);
+        BOOST_TEST(queue.in_flight() == 1u);  // started, not made
+        BOOST_TEST(float(host_w1[5]) == 0.0f);  // not on the host yet
+        upload(opt.executor(), std::span<const bf16>(g), opt.grad("w0"));
+        opt.grads_ready("w0");  // w1 waited for and handed over; w0 in flight
+        BOOST_TEST(opt.grads_in_flight() == 1u);
+        BOOST_TEST(queue.in_flight() == 1u);
+        BOOST_TEST(float(host_w1[5]) == float(g[5]));
+        opt.grads_ready("w2");
+        opt.step();
+        BOOST_TEST(opt.grads_in_flight() == 0u);
+        BOOST_TEST(queue.in_flight() == 0u);
+      };
+      if (stage == 1) {
+        one_rank<sharded<float>> o(l, adamw_decayed(), buckets_of(1024), dev(1));
+        check(o);
+      } else {
+        one_rank<sharded<float, 2>> o(l, adamw_decayed(), buckets_of(1024), dev(1));
+        check(o);
+      }
+    }
+  }
+  auto& arenas = detail::device_arenas::instance();
+  const std::size_t base = arenas.registered_bytes();
+  one_rank<sharded<float>> a(l, adamw_decayed(), buckets_of(1024), dev(1));
+  one_rank<sharded<float>> b(l, adamw_decayed(), buckets_of(1024), dev(1));
+  const std::size_t each = arenas.registered_bytes() - base;
+  a.grads_ready("w2");
+  BOOST_TEST(queue.in_flight() == 1u);
+  a = std::move(b);  // a's copy made, its host buffers unregistered, then freed
+  BOOST_TEST(queue.in_flight() == 0u);
+  BOOST_TEST(arenas.registered_bytes() - base == each / 2);
+  a.grads_ready({"w0", "w1", "w2"});
+  a.step();
+  BOOST_TEST(a.grads_in_flight() == 0u);
 }
 
 // The host buffers that the copies read and write are page-locked (registered with the

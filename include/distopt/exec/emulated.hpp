@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "../concepts.hpp"
 #include "../config.hpp"
@@ -181,6 +183,51 @@ DISTOPT_CORE_FN void device_arenas::protect_all(int prot) noexcept {
 }
 #endif  // DISTOPT_CORE_BODIES
 
+/// The emulated device's copies to the host beside its launches (copies_async), for the
+/// whole process as one copy stream: a copy is made only when it is waited for (it or a
+/// later one), reading its device side and writing its host side then, so that host code
+/// that reads the host side too early, or writes the device side before the copy is done,
+/// gets the wrong bytes and the tests see it.
+class emulated_copies {
+ public:
+  static emulated_copies& instance() {
+    static emulated_copies copies;
+    return copies;
+  }
+  std::uint64_t enqueue(void* dst, const void* src, std::size_t n) {
+    device_arenas::instance().count_copy(dst, src, n);
+    const std::lock_guard<std::mutex> lock(m_);
+    pending_.push_back({++issued_, dst, src, n});
+    return issued_;
+  }
+  void wait(std::uint64_t t) {
+    const std::lock_guard<std::mutex> lock(m_);
+    while (!pending_.empty() && pending_.front().ticket <= t) {
+      const copy c = pending_.front();
+      pending_.erase(pending_.begin());
+      device_arenas::instance().open();
+      if (c.n) std::memcpy(c.dst, c.src, c.n);
+      device_arenas::instance().close();
+    }
+  }
+  /// Copies enqueued and not yet made, in the whole process.
+  std::size_t in_flight() const {
+    const std::lock_guard<std::mutex> lock(m_);
+    return pending_.size();
+  }
+
+ private:
+  struct copy {
+    std::uint64_t ticket;
+    void* dst;
+    const void* src;
+    std::size_t n;
+  };
+  mutable std::mutex m_;
+  std::vector<copy> pending_;
+  std::uint64_t issued_ = 0;
+};
+
 }  // namespace detail
 
 /// The emulated device: `threads` host threads run its launches, as the CPU executor's,
@@ -249,6 +296,13 @@ class emulated_device {
     const access_scope open;
     if (n) std::memcpy(dst, src, n);
   }
+
+  /// Copies n bytes of device memory to the host beside the launches (copies_async): the
+  /// copy is made when copy_wait waits for it (detail::emulated_copies).
+  std::uint64_t copy_to_host_async(void* dst, const void* src, std::size_t n) {
+    return detail::emulated_copies::instance().enqueue(dst, src, n);
+  }
+  void copy_wait(std::uint64_t ticket) { detail::emulated_copies::instance().wait(ticket); }
 
   /// Registers host memory as page-locked, as cuda does (see registers_host_memory): here
   /// only recorded, so that tests can count the copies that would go through a staging

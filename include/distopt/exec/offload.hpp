@@ -11,7 +11,14 @@
 /// the two at the overlap hooks:
 ///  - `grads_ready(names)` copies those tensors' grads to the host and hands them to the
 ///    host optimizer's hook, so that a bucket's reduction (on the host communicator)
-///    starts while backward goes on; `step()` copies what no hook copied;
+///    starts while backward goes on; `step()` copies what no hook copied. On a device that
+///    copies asynchronously (copies_async: cuda, emulated_device) grads_ready only starts
+///    the copies, after the kernels enqueued so far (cuda: on the device's copy stream), and
+///    returns: the device runs backward's next kernels meanwhile. The next hook call (or
+///    `step()`, reduce_grads, clip_grad_norm, save) waits for them and hands the tensors to
+///    the host optimizer first, so the host's collectives keep the calls' order on every
+///    rank; an error the host finds in a hook (a layer order that differs between ranks)
+///    surfaces at that next call;
 ///  - after the host step the updated params come back to the device in one copy
 ///    (stages 0-2); at ZeRO-3 `gather(names)` copies the host's gathered params into a
 ///    pooled device buffer per tensor and `release` hands it back;
@@ -43,6 +50,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 #include <exception>
 #include <map>
 #include <optional>
@@ -192,6 +201,46 @@ class host_registration {
   std::vector<void*> ranges_;
 };
 
+/// Waits, when it goes, for the copies to the host (copies_async) that an offload optimizer
+/// started last: declared after everything they write, it is destroyed first. Moving hands
+/// the wait over; assigning waits for its own first.
+template <class Device>
+class copy_fence {
+ public:
+  copy_fence() = default;
+  copy_fence(copy_fence&& o) noexcept : device_(std::move(o.device_)), last_(std::exchange(o.last_, 0)) {}
+  copy_fence& operator=(copy_fence&& o) noexcept {
+    if (this != &o) {
+      wait();
+      device_ = std::move(o.device_);
+      last_ = std::exchange(o.last_, 0);
+    }
+    return *this;
+  }
+  ~copy_fence() { wait(); }
+
+  /// Copy `ticket` on `device` is in flight.
+  void started(const Device& device, std::uint64_t ticket) {
+    if (!device_) device_.emplace(device);
+    last_ = ticket;
+  }
+  /// Waits for every copy started so far (nothing to report: a failed wait leaves them to
+  /// the device's own teardown).
+  void wait() noexcept {
+    if constexpr (copies_async<Device>) {
+      if (last_ == 0 || !device_) return;
+      try {
+        device_->copy_wait(std::exchange(last_, 0));
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  std::optional<Device> device_;
+  std::uint64_t last_ = 0;
+};
+
 /// What offload reads of its host optimizer beyond its public interface (a friend of every
 /// optimizer): the host buffer that holds tensor `i`'s grads (ZeRO-2 and 3) or gathered
 /// params (ZeRO-3), whole, as {data, bytes}: its bucket's pooled buffer ({nullptr, 0} when
@@ -276,6 +325,32 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
             offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
       : optimizer(std::move(tensors), std::vector<hyper_params>{std::move(hyper)}, std::move(options),
                   std::move(exec), std::move(comm)) {}
+  optimizer(optimizer&&) = default;
+  /// Takes `o`'s place. What this optimizer held goes first, in the destructor's order:
+  /// its copies in flight waited for, then its host registrations ended, then its buffers
+  /// freed (a member-wise assignment would free the host's buffers first, its base).
+  optimizer& operator=(optimizer&& o) {
+    if (this == &o) return *this;
+    { const optimizer gone(std::move(*this)); }
+    host() = std::move(o.host());
+    exec_ = std::move(o.exec_);
+    params_ = std::move(o.params_);
+    grads_ = std::move(o.grads_);
+    param_at_ = std::move(o.param_at_);
+    grad_at_ = std::move(o.grad_at_);
+    grad_pool_ = std::move(o.grad_pool_);
+    param_pool_ = std::move(o.param_pool_);
+    lent_grads_ = std::move(o.lent_grads_);
+    lent_params_ = std::move(o.lent_params_);
+    ready_ = std::move(o.ready_);
+    any_ready_ = o.any_ready_;
+    pushed_ = o.pushed_;
+    params_on_host_ = o.params_on_host_;
+    in_flight_ = std::move(o.in_flight_);
+    pinned_ = std::move(o.pinned_);
+    fence_ = std::move(o.fence_);
+    return *this;
+  }
 
   /// The host optimizer: its params, grads, master weights and states in host memory. For
   /// reading; stepping it, or writing its params or grads, bypasses the copies to and from
@@ -374,17 +449,34 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
                                "'): declared ready twice in one step");
       is.push_back(i);
     }
-    for (const std::size_t i : is) push_grad(i);
-    host().grads_ready(names);
-    for (const std::size_t i : is) {
-      ready_[i] = true;
-      if constexpr (zero_stage >= 2) return_grad(i);
+    if constexpr (copies_async<Device>) {
+      hand_over();
+      in_flight entry;
+      entry.tensors = is;
+      for (const std::size_t i : is) {
+        entry.names.push_back(name_of(i));
+        entry.ticket = std::max(entry.ticket, push_grad(i, true));
+        ready_[i] = true;
+      }
+      in_flight_.push_back(std::move(entry));
+      any_ready_ = any_ready_ || !is.empty();
+    } else {
+      for (const std::size_t i : is) push_grad(i, false);
+      host().grads_ready(names);
+      for (const std::size_t i : is) {
+        ready_[i] = true;
+        if constexpr (zero_stage >= 2) return_grad(i);
+      }
+      any_ready_ = any_ready_ || !is.empty();
     }
-    any_ready_ = any_ready_ || !is.empty();
   }
+  /// grads_ready calls whose copies to the host were started and not yet handed to the host
+  /// optimizer (at most the last one, on a device that copies asynchronously; else 0).
+  std::size_t grads_in_flight() const noexcept { return in_flight_.size(); }
   /// The full params of `names` until `release`. ZeRO-3: the host optimizer's gather, then
   /// a copy into a pooled device buffer per tensor. Other stages: bookkeeping.
   void gather(const tensor_names& names) {
+    hand_over();
     for (std::string_view name : names) {
       host().gather(name);
       if constexpr (zero_stage >= 3) {
@@ -397,7 +489,10 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     }
   }
   /// Starts the host optimizer's gathers of `names` early (ZeRO-3).
-  void prefetch(const tensor_names& names) { host().prefetch(names); }
+  void prefetch(const tensor_names& names) {
+    hand_over();
+    host().prefetch(names);
+  }
   /// Ends the gathers of `names`; what was written into the device params is dropped at ZeRO-3.
   void release(const tensor_names& names) { release_names(names, false); }
   /// As release, but what was written into the device params of `names` is copied to the
@@ -406,6 +501,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
 
   /// Zeroes the device grads (the lent ones at ZeRO-2 and ZeRO-3) and the host optimizer's.
   void zero_grad() {
+    drop_in_flight();
     host().zero_grad();
     if constexpr (zero_stage < 2) fill_zero(grads_.data(), grads_.size());
     else
@@ -440,6 +536,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// Loads a checkpoint into the host optimizer (as its load) and copies its params to the device.
   template <class Dir>
   void load(const Dir& dir) {
+    drop_in_flight();
     host().load(dir);  // drops the host's step grads and hooks: so do the device's
     params_on_host_ = true;
     if constexpr (zero_stage < 3) copy_params(false);
@@ -450,6 +547,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// copy the device params to the host first, so that the initial params are saved.
   template <class Dir>
   void save(const Dir& dir) {
+    hand_over();
     if constexpr (zero_stage < 3)
       if (!params_on_host_) copy_params(true);
     host().save(dir);
@@ -500,12 +598,43 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
 
   /// Tensor i's device grads into the host optimizer's (at ZeRO-2 and ZeRO-3, a tensor
   /// never viewed in this step has zero grads: the host's view of it is zero already).
-  void push_grad(std::size_t i) {
+  /// `async` (devices that copy asynchronously): the copy is started and its ticket
+  /// returned (0: nothing to copy), for hand_over.
+  std::uint64_t push_grad(std::size_t i, bool async) {
     const auto to = host().grad(name_of(i));
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
-    if (!from) return;
+    if (!from) return 0;
     if constexpr (zero_stage >= 2) pin_pooled(detail::offload_access::grad_bucket(host(), i), "grad bucket buffer");
+    if constexpr (copies_async<Device>) {
+      if (async && to.size_bytes() > 0) {
+        const std::uint64_t t = exec_.device().copy_to_host_async(to.data(), from, to.size_bytes());
+        fence_.started(exec_.device(), t);
+        return t;
+      }
+    }
     detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+    return 0;
+  }
+  /// Waits for the copies the last grads_ready started and hands its tensors to the host
+  /// optimizer (its grads_ready): at the next hook, or at step, reduce_grads,
+  /// clip_grad_norm or save. So every rank's host optimizer sees its hooks, and issues its
+  /// collectives, in the order of the calls, whatever the copies' timing, and an error it
+  /// finds in a hook (a layer order that differs between ranks) surfaces one call later.
+  void hand_over() {
+    while (!in_flight_.empty()) {
+      const in_flight done = std::move(in_flight_.front());
+      in_flight_.pop_front();
+      if (done.ticket != 0) exec_.device().copy_wait(done.ticket);
+      if constexpr (zero_stage >= 2)
+        for (const std::size_t i : done.tensors) return_grad(i);  // read by its copy: free again
+      host().grads_ready(tensor_names(done.names));
+    }
+  }
+  /// Waits for the copies in flight and forgets them (zero_grad, load: the host drops the
+  /// step's hooks too).
+  void drop_in_flight() {
+    fence_.wait();
+    in_flight_.clear();
   }
   /// ZeRO-2 and 3: registers a host pool buffer that a copy is about to read or write,
   /// unless it is registered already (nothing with pin_host_buffers off). The pool keeps it
@@ -518,6 +647,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// (a grads_ready missing, a tensor still gathered).
   template <class F>
   void on_host(F&& f) {
+    hand_over();
     const bool pushing = !pushed_;
     push_grads();
     try {
@@ -535,7 +665,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       detail::copy_bytes(exec_, to.data(), grads_.data(), to.size_bytes());
     } else {
       for (std::size_t i = 0; i < ready_.size(); ++i)
-        if (!ready_[i]) push_grad(i);
+        if (!ready_[i]) push_grad(i, false);
     }
     pushed_ = true;
   }
@@ -556,6 +686,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     else detail::copy_bytes(exec_, params_.data(), h.data(), h.size_bytes());
   }
   void release_names(const tensor_names& names, bool keep) {
+    hand_over();
     for (std::string_view name : names) {
       const std::size_t i = index_of(name);
       if constexpr (zero_stage >= 3) {
@@ -585,6 +716,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     pushed_ = false;
   }
 
+  // Every member is assigned by hand in the move assignment: add new ones there too.
   offload<Device> exec_;
   detail::buffer<param_type, Device> params_;  // stages 0-2: laid out as host().params()
   detail::buffer<grad_type, Device> grads_;    // stages 0-1: laid out as host().grads()
@@ -596,7 +728,15 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded
-  detail::host_registration<Device> pinned_;  // last: unregistered before the buffers go
+  /// A grads_ready whose copies to the host have not been handed to the host optimizer.
+  struct in_flight {
+    std::vector<std::string> names;
+    std::vector<std::size_t> tensors;
+    std::uint64_t ticket = 0;  // its last copy (0: none)
+  };
+  std::deque<in_flight> in_flight_;
+  detail::host_registration<Device> pinned_;  // unregistered before the buffers go
+  detail::copy_fence<Device> fence_;          // last: the copies into them waited for first
 };
 
 }  // namespace distopt

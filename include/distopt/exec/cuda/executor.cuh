@@ -25,10 +25,15 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../../concepts.hpp"
 #include "../../config.hpp"
@@ -80,6 +85,68 @@ class device_guard {
 
  private:
   int previous_ = -1;
+};
+
+/// The copies to the host that run beside a device's streams (cuda::copy_to_host_async),
+/// for the current device: one non-blocking copy stream, and the completion events of the
+/// copies in flight, in order. Made at the first such copy on a device and kept for the
+/// process's life (never destroyed: a stream outliving the driver's teardown is harmless,
+/// one destroyed after it is not).
+class host_copies {
+ public:
+  static host_copies& current() {
+    static std::mutex m;
+    static std::map<int, host_copies*> of;
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard<std::mutex> lock(m);
+    host_copies*& q = of[device];
+    if (!q) q = new host_copies();
+    return *q;
+  }
+  /// Copies n bytes after everything enqueued on `after` so far; returns the ticket.
+  std::uint64_t enqueue(void* dst, const void* src, std::size_t n, cudaStream_t after) {
+    const std::lock_guard<std::mutex> lock(m_);
+    cudaEvent_t before = take();
+    check(cudaEventRecord(before, after), "cudaEventRecord (before a copy to the host)");
+    check(cudaStreamWaitEvent(side_, before, 0), "cudaStreamWaitEvent (copy stream)");
+    spare_.push_back(before);  // the wait has taken its state: reusable at once
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, side_), "cudaMemcpyAsync (copy to the host)");
+    cudaEvent_t done = take();
+    check(cudaEventRecord(done, side_), "cudaEventRecord (after a copy to the host)");
+    pending_.push_back({++issued_, done});
+    return issued_;
+  }
+  void wait(std::uint64_t t) {
+    const std::lock_guard<std::mutex> lock(m_);
+    while (finished_ < t && !pending_.empty()) {
+      check(cudaEventSynchronize(pending_.front().second), "cudaEventSynchronize (a copy to the host)");
+      pop();
+    }
+  }
+
+ private:
+  host_copies() { check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate (copy stream)"); }
+  cudaEvent_t take() {
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void pop() {
+    finished_ = pending_.front().first;
+    spare_.push_back(pending_.front().second);
+    pending_.pop_front();
+  }
+  std::mutex m_;
+  cudaStream_t side_ = nullptr;
+  std::deque<std::pair<std::uint64_t, cudaEvent_t>> pending_;
+  std::vector<cudaEvent_t> spare_;
+  std::uint64_t issued_ = 0, finished_ = 0;
 };
 
 }  // namespace abi_v0_1
@@ -146,6 +213,20 @@ class cuda {
     const cuda_exec::device_guard on(device_);
     cuda_exec::check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
     cuda_exec::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a copy");
+  }
+
+  /// Copies n bytes of device memory to the host on the device's copy stream, after
+  /// everything enqueued on this executor's stream so far, without waiting (copies_async):
+  /// the stream goes on with the next kernels meanwhile. The host side should be
+  /// page-locked (register_host): from pageable memory the driver copies synchronously.
+  std::uint64_t copy_to_host_async(void* dst, const void* src, std::size_t n) {
+    const cuda_exec::device_guard on(device_);
+    return cuda_exec::host_copies::current().enqueue(dst, src, n, stream_);
+  }
+  /// Waits for copy `ticket` and those before it on this device.
+  void copy_wait(std::uint64_t ticket) {
+    const cuda_exec::device_guard on(device_);
+    cuda_exec::host_copies::current().wait(ticket);
   }
 
   /// Page-locks `bytes` of host memory from `p` (cudaHostRegister), so that copies to and
