@@ -13,8 +13,8 @@
 /// whose collectives the optimizer stages through host memory, and nccl on this executor's
 /// device and stream, handed the device buffers in place. The layer-wise policies
 /// (lamb, adafactor, came) run their element passes here, a thread block per work item
-/// (layer_phase.cuh), with their statistics merged on the host between passes
-/// (detail/layer_engine.hpp). GaLore's engine is a host loop still (the optimizer refuses it
+/// (layer_phase.cuh), their items' sums merged here too (layer_merge_kernel), and the
+/// policies' hooks on the host between passes (detail/layer_engine.hpp). GaLore's engine is a host loop still (the optimizer refuses it
 /// on cuda at compile time). The element-wise step is decided on the device
 /// (engine/decisions.hpp): with `single` it makes no copy and no synchronisation, and a
 /// CUDA graph can capture it. The element
