@@ -14,13 +14,15 @@
 /// device and stream, handed the device buffers in place. The layer-wise policies
 /// (lamb, adafactor, came) run their element passes here, a thread block per work item
 /// (layer_phase.cuh), their items' sums merged here too (layer_merge_kernel), and the
-/// policies' hooks on the host between passes (detail/layer_engine.hpp). GaLore's engine is a host loop still (the optimizer refuses it
-/// on cuda at compile time). The element-wise step is decided on the device
-/// (engine/decisions.hpp): with `single` it makes no copy and no synchronisation, and a
-/// CUDA graph can capture it. The element
-/// update, the 8-bit update and the exact norm have kernels of their own (phases.cuh);
-/// every other phase runs through phase_kernel. Run on an H200 (2026-11-27): bit-identical to `cpu` in
-/// tests/cuda/optimizer.cu, the figures in bench/RESULTS.md.
+/// policies' hooks on the host between passes (detail/layer_engine.hpp). GaLore's engine
+/// is a host loop still (the optimizer refuses it on cuda at compile time). The
+/// element-wise step is decided on the device (engine/decisions.hpp): with `single` it
+/// makes no copy and no synchronisation, and a CUDA graph can capture it. The element
+/// update, the 8-bit update, the exact norm and the layer-wise passes and merges have
+/// kernels of their own (phases.cuh, layer_phase.cuh); every other phase runs through
+/// phase_kernel. Run on H200s (2026-11-27 and 28): bit-identical to `cpu` in tests/cuda,
+/// the figures in bench/RESULTS.md. Copies to the host can run beside the stream
+/// (copy_to_host_async, on a copy stream per device: ZeRO-Offload's grads).
 
 #include <cuda_runtime.h>
 
