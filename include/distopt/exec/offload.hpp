@@ -456,19 +456,16 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       for (const std::size_t i : is) {
         entry.names.push_back(name_of(i));
         entry.ticket = std::max(entry.ticket, push_grad(i, true));
-        ready_[i] = true;
       }
       in_flight_.push_back(std::move(entry));
-      any_ready_ = any_ready_ || !is.empty();
     } else {
       for (const std::size_t i : is) push_grad(i, false);
       host().grads_ready(names);
-      for (const std::size_t i : is) {
-        ready_[i] = true;
-        if constexpr (zero_stage >= 2) return_grad(i);
-      }
-      any_ready_ = any_ready_ || !is.empty();
+      if constexpr (zero_stage >= 2)
+        for (const std::size_t i : is) return_grad(i);
     }
+    for (const std::size_t i : is) ready_[i] = true;
+    any_ready_ = any_ready_ || !is.empty();
   }
   /// grads_ready calls whose copies to the host were started and not yet handed to the host
   /// optimizer (at most the last one, on a device that copies asynchronously; else 0).
