@@ -88,16 +88,24 @@ row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper
 /// weights and AdamW states on the host, stepped by cpu on every host thread. A step copies
 /// the grads to the host and the params back around the host update: from page-locked host
 /// buffers (`pinned`, the default) or through pageable memory (pin_host_buffers off).
-double offload_seconds(const options& o, cudaStream_t stream, const distopt::adamw::hyper_params& h, int threads,
-                       bool pinned) {
-  using opt_t = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
-                                   distopt::offload<distopt::cuda>, distopt::precision<distopt::bf16, distopt::bf16>>;
-  distopt::optimizer_options opts;
-  opts.pin_host_buffers = pinned;
-  opt_t opt(bench::gpt_like(o.params, distopt::dtype::bf16), h, opts,
-            distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
+using offload_opt = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
+                                       distopt::offload<distopt::cuda>,
+                                       distopt::precision<distopt::bf16, distopt::bf16>>;
+
+/// The offloaded optimizer over GPT-like tensors `l`, small grads written on the device.
+offload_opt make_offload(const distopt::layout& l, cudaStream_t stream, const distopt::adamw::hyper_params& h,
+                         int threads, const distopt::optimizer_options& opts) {
+  offload_opt opt(l, h, opts, distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
   const std::vector<distopt::bf16> g(opt.grads().size(), distopt::from_float<distopt::bf16>(1e-3f));
   distopt::upload(opt.executor(), g, opt.grads());
+  return opt;
+}
+
+double offload_seconds(const options& o, cudaStream_t stream, const distopt::adamw::hyper_params& h, int threads,
+                       bool pinned) {
+  distopt::optimizer_options opts;
+  opts.pin_host_buffers = pinned;
+  offload_opt opt = make_offload(bench::gpt_like(o.params, distopt::dtype::bf16), stream, h, threads, opts);
   return best_seconds(o.repeats, stream, [&] { opt.step(); });
 }
 
@@ -118,12 +126,8 @@ __global__ void modelled_backward(unsigned long long ns) {
 std::pair<double, double> offload_overlap_seconds(const options& o, cudaStream_t stream,
                                                   const distopt::adamw::hyper_params& h, int threads, bool hooks,
                                                   double ns_per_param) {
-  using opt_t = distopt::optimizer<distopt::adamw, distopt::replicated<distopt::fp32>, distopt::single,
-                                   distopt::offload<distopt::cuda>, distopt::precision<distopt::bf16, distopt::bf16>>;
   const distopt::layout l = bench::gpt_like(o.params, distopt::dtype::bf16);
-  opt_t opt(l, h, {}, distopt::offload<distopt::cuda>(distopt::cpu(threads), distopt::cuda(0, stream)));
-  const std::vector<distopt::bf16> g(opt.grads().size(), distopt::from_float<distopt::bf16>(1e-3f));
-  distopt::upload(opt.executor(), g, opt.grads());
+  offload_opt opt = make_offload(l, stream, h, threads, {});
   const auto& ts = l.tensors();
   const auto backward = [&](bool ready) {
     for (std::size_t k = ts.size(); k-- > 0;) {
