@@ -264,16 +264,17 @@ concept registers_host_memory = requires(E& e, void* p, std::size_t n) {
   e.unregister_host(p);
 };
 
-/// True when executor E copies its memory to the host beside its launches:
-/// `copy_to_host_async(dst, src, n)` enqueues the copy after everything enqueued on the
-/// executor before it, returns a ticket (increasing, never 0) and does not wait;
-/// `copy_wait(t)` waits for copy t and every copy before it. Until then the host must not
-/// read `dst`, nor anything write `src`. ZeRO-Offload copies a tensor's grads this way at
-/// grads_ready, so that backward's next kernels run meanwhile (cuda: a copy stream per
-/// device; emulated_device: a queue that makes each copy only when it is waited for).
+/// True when executor E copies between its memory and the host's beside its launches:
+/// `copy_async(dst, src, n)` (either way) enqueues the copy after everything enqueued on
+/// the executor before it, returns a ticket (increasing, never 0) and does not wait;
+/// `copy_wait(t)` waits for copy t and every copy before it. Until then nothing may read
+/// `dst` (host code or a kernel), nor write `src`. ZeRO-Offload copies a tensor's grads
+/// this way at grads_ready, so that backward's next kernels run meanwhile, and each bucket
+/// of updated params while the host updates the next (cuda: a copy stream per device;
+/// emulated_device: a queue that makes each copy only when it is waited for).
 template <class E>
 concept copies_async = requires(E& e, void* dst, const void* src, std::size_t n, std::uint64_t t) {
-  { e.copy_to_host_async(dst, src, n) } -> std::same_as<std::uint64_t>;
+  { e.copy_async(dst, src, n) } -> std::same_as<std::uint64_t>;
   e.copy_wait(t);
 };
 

@@ -131,6 +131,15 @@ struct checkpoint_files;
 namespace detail {
 struct offload_access;  // <distopt/exec/offload.hpp>: the host optimizer's pooled buckets
 
+/// Told of each bucket whose params a step has finished (ZeRO-Offload copies it to the
+/// device while the host updates the next): a function and its object, empty by default.
+struct params_listener {
+  void* to = nullptr;
+  void (*fn)(void* to, std::size_t bucket) = nullptr;
+  explicit operator bool() const noexcept { return fn != nullptr; }
+  void operator()(std::size_t bucket) const { fn(to, bucket); }
+};
+
 template <class Policy, class Storage, class Comm, class Exec, class Precision>
 consteval bool check_optimizer_arguments() {
   static_assert(policy_declares_state<Policy>,
@@ -886,6 +895,22 @@ class optimizer {
   friend struct detail::q8_engine;
   friend struct detail::offload_access;
 
+  /// Tells params_done_ (when set) of buckets [params_told_, upto) in bucket order, each
+  /// once its params are final in this step: updated and, where the update started its
+  /// all-gather, gathered. Without `wait` it stops at the first gather still in flight, so
+  /// that the update loop never blocks on one; with it, it waits for them.
+  void tell_params(std::size_t upto, bool wait) {
+    if (!params_done_) return;
+    for (; params_told_ < upto; ++params_told_) {
+      const std::size_t k = params_told_;
+      if (pending(k)) {
+        if (!wait && !pending_[k].test()) return;
+        wait_bucket(k);
+      }
+      params_done_(k);
+    }
+  }
+
   /// The step decided on the host: the norm's exact sums are copied to the host, which
   /// decides, prepares the group scalars and launches the update with them.
   step_result host_step() {
@@ -912,6 +937,7 @@ class optimizer {
       return r;
     }
     ++step_;
+    params_told_ = 0;
     if (uses_master() && !master_ready_) load_master_from_params();
     const float grad_scale = static_cast<float>(coef / loss_scale());
     if (options_.percentile_clipping < 100) percentile_scales(coef);
@@ -924,6 +950,7 @@ class optimizer {
     }
     if (scaler_) scaler_->update(false);
     wait_pending();  // the all-gathers the update started, bucket by bucket
+    tell_params(plan_.buckets().size(), true);
     r.step = step_;
     r.loss_scale = loss_scale();
     return r;
@@ -1757,6 +1784,7 @@ class optimizer {
                                                    grad_scale, key, buckets[k]);
       update(buckets[k]);
       if (options_.gather_params) start_gather(k, true);
+      tell_params(k + 1, false);
     }
   }
 
@@ -1882,6 +1910,8 @@ class optimizer {
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
   std::vector<collective_hold> param_scope_;    // ZeRO-3, per bucket: what its prefetch holds open
   std::vector<comm_request> param_pending_;     // ZeRO-3, per bucket: its prefetch in flight
+  detail::params_listener params_done_;  // offload, while its step runs: told of each bucket updated
+  std::size_t params_told_ = 0;          // buckets params_done_ was told of in this step
   // GaLore only (detail/projection_engine.hpp).
   std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
   // Muon only (detail/muon_engine.hpp).

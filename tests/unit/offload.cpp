@@ -9,7 +9,7 @@
 //  - without hooks, initial params written only into the device views, fp16 with loss
 //    scaling and clip_grad_norm: equal to one rank on cpu;
 //  - a checkpoint saved by offload at one stage and d resumes on cpu at another, and back.
-// The copies are counted (the grads by tensor at the hooks, the params in one copy), the
+// The copies are counted (the grads by tensor at the hooks, the params by bucket), the
 // memory report shows what lives on the device, and misuse is refused naming the tensor.
 
 #include "scratch_dir.hpp"
@@ -196,22 +196,24 @@ BOOST_AUTO_TEST_CASE(checkpoints_move_between_offload_and_cpu_across_stages_and_
   BOOST_TEST_CONTEXT("cpu stage 1, d=2 -> offload stage 3, d=3") check_same(b, ref);
 }
 
-// What crosses between host and device: without hooks one copy of the grads and one of the
-// params a step (the first step also takes the device's initial params); with a hook per
-// tensor one copy per tensor's grads.
+// What crosses between host and device: without hooks one copy of the grads a step, and
+// one of the params per bucket (three here; the first step also takes the device's
+// initial params in one); with a hook per tensor one copy per tensor's grads.
 BOOST_AUTO_TEST_CASE(copies_by_stage_and_hooks) {
   const layout l = three_equal_tensors();
   one_rank<sharded<float>> s1(l, adamw_decayed(), buckets_of(1024), dev(1));
-  BOOST_TEST(copies_in([&] { s1.step(); }) == 3u);  // params in, grads in, params out
-  BOOST_TEST(copies_in([&] { s1.step(); }) == 2u);
+  BOOST_TEST(copies_in([&] { s1.step(); }) == 5u);  // params in, grads in, 3 buckets of params out
+  BOOST_TEST(copies_in([&] { s1.step(); }) == 4u);
   BOOST_TEST(copies_in([&] {
                for (const char* n : {"w2", "w1", "w0"}) s1.grads_ready(n);
                s1.step();
-             }) == 4u);
+             }) == 6u);
   one_rank<sharded<float, 2>> s2(l, adamw_decayed(), buckets_of(1024), dev(1));
   s2.step();
   (void)s2.grad("w1");  // lent and zeroed: one copy; the others have none to copy
-  BOOST_TEST(copies_in([&] { s2.step(); }) == 2u);
+  BOOST_TEST(copies_in([&] { s2.step(); }) == 4u);
+  one_rank<sharded<float>> one_bucket(l, adamw_decayed(), buckets_of(4096), dev(1));
+  BOOST_TEST(copies_in([&] { one_bucket.step(); }) == 3u);  // params in, grads in, params out
 }
 
 // On a device that copies asynchronously, grads_ready only starts its copies: the next
@@ -267,6 +269,111 @@ BOOST_AUTO_TEST_CASE(grads_ready_copies_run_beside_the_device_until_the_next_hoo
   a.grads_ready({"w0", "w1", "w2"});
   a.step();
   BOOST_TEST(a.grads_in_flight() == 0u);
+}
+
+// Stages 0-2 copy the updated params back by bucket, each as soon as the host step has
+// finished it, so that on a GPU the copy of one bucket runs while the host updates the
+// next. The host optimizer tells a listener (what offload's step sets) of each bucket:
+// in order, once each, when its params are final (updated, and gathered with d = 2), and,
+// with one rank, before the next bucket is updated. Element-wise (AdamW) and layer-wise
+// (Lamb) steps; three buckets of one tensor each.
+template <class Policy>
+void check_params_told(const typename Policy::hyper_params& h) {
+  const layout l = three_equal_tensors();
+  constexpr std::size_t bucket = 1024;
+  struct told {
+    std::vector<std::size_t> order;
+    std::vector<std::vector<bf16>> at;  // the whole params buffer at each tell
+    std::vector<bf16> before, after;
+  };
+  std::vector<told> ranks(2);
+  const auto run = [&](auto& opt, told& t) {
+    const auto params = [&] {
+      const auto p = opt.params();
+      return std::vector<bf16>(p.data(), p.data() + p.size());
+    };
+    for (int s = 0; s < 2; ++s) {  // the first step starts the states; the second is told
+      for (const char* n : {"w0", "w1", "w2"}) {
+        const auto g = opt.grad(n);
+        for (std::size_t i = 0; i < g.size(); ++i)
+          g[i] = from_float<bf16>(0.01f * static_cast<float>((i * 7 + static_cast<std::size_t>(s)) % 13) - 0.05f);
+      }
+      // The listener records the order and the whole params buffer at each tell.
+      struct both {
+        told* t;
+        decltype(&opt) o;
+      } b{&t, &opt};
+      if (s == 1) {
+        t.before = params();
+        detail::offload_access::listen(opt, detail::params_listener{&b, [](void* to, std::size_t k) {
+                                                                      auto& me = *static_cast<both*>(to);
+                                                                      me.t->order.push_back(k);
+                                                                      const auto p = me.o->params();
+                                                                      me.t->at.emplace_back(p.data(), p.data() + p.size());
+                                                                    }});
+      }
+      opt.step();
+    }
+    detail::offload_access::listen(opt, {});
+    t.after = params();
+  };
+  const auto same = [](const std::vector<bf16>& a, const std::vector<bf16>& b, std::size_t k) {
+    return std::memcmp(a.data() + k * bucket, b.data() + k * bucket, bucket * sizeof(bf16)) == 0;
+  };
+  {
+    optimizer<Policy, sharded<float>, single, cpu, precision<bf16>> opt(l, h, buckets_of(bucket), cpu(2));
+    init_params(opt);
+    run(opt, ranks[0]);
+    const told& t = ranks[0];
+    BOOST_TEST(t.order == (std::vector<std::size_t>{0, 1, 2}), boost::test_tools::per_element());
+    for (std::size_t j = 0; j < t.at.size(); ++j) {
+      BOOST_TEST_CONTEXT("one rank, bucket " << j) {
+        BOOST_TEST(same(t.at[j], t.after, j));  // final when told
+        BOOST_TEST(!same(t.before, t.after, j));  // and changed by the step
+        if (j + 1 < 3) BOOST_TEST(same(t.at[j], t.before, j + 1));  // the next one not yet updated
+      }
+    }
+  }
+  ranks.assign(2, told{});
+  run_ranks(2, [&](threads& comm) {
+    const int r = comm.rank();
+    optimizer<Policy, sharded<float>, threads, cpu, precision<bf16>> opt(l, h, buckets_of(bucket), cpu(1),
+                                                                         std::move(comm));
+    init_params(opt);
+    run(opt, ranks[static_cast<std::size_t>(r)]);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    const told& t = ranks[r];
+    BOOST_TEST(t.order == (std::vector<std::size_t>{0, 1, 2}), boost::test_tools::per_element());
+    for (std::size_t j = 0; j < t.at.size(); ++j)
+      BOOST_TEST_CONTEXT("two ranks, rank " << r << ", bucket " << j) BOOST_TEST(same(t.at[j], t.after, j));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(params_are_told_bucket_by_bucket_as_the_host_finishes_them) {
+  BOOST_TEST_CONTEXT("adamw") check_params_told<adamw>(adamw_decayed());
+  lamb::hyper_params h;
+  h.lr = 1e-2;
+  BOOST_TEST_CONTEXT("lamb") check_params_told<lamb>(h);
+}
+
+// The emulated device makes an asynchronous copy at its wait, and throws there if the
+// copy's source was written meanwhile: the check behind the stage tests above, which
+// would catch a bucket's params copied before its update was done.
+BOOST_AUTO_TEST_CASE(the_emulated_device_refuses_a_source_written_during_its_copy) {
+  emulated_device d(1);
+  detail::buffer<float, emulated_device> on_device(d, 256);
+  std::vector<float> host(256, 1.0f), back(256, 0.0f);
+  std::uint64_t t = d.copy_async(on_device.data(), host.data(), host.size() * sizeof(float));
+  d.copy_wait(t);
+  d.copy_bytes(back.data(), on_device.data(), back.size() * sizeof(float));
+  BOOST_TEST(back == host, boost::test_tools::per_element());
+  t = d.copy_async(on_device.data(), host.data(), host.size() * sizeof(float));
+  host[7] = 2.0f;
+  BOOST_CHECK_EXCEPTION(d.copy_wait(t), std::logic_error, [](const std::logic_error& e) {
+    return std::string(e.what()).find("written while the copy was in flight") != std::string::npos;
+  });
+  BOOST_TEST(detail::emulated_copies::instance().in_flight() == 0u);  // made all the same
 }
 
 // The host buffers that the copies read and write are page-locked (registered with the
@@ -371,11 +478,11 @@ BOOST_AUTO_TEST_CASE(host_buffers_copied_whole_are_page_locked) {
   unpinned.pin_host_buffers = false;
   one_rank<sharded<float>> plain(l, adamw_decayed(), unpinned, dev(1));
   BOOST_TEST(arenas.registered_bytes() == base);
-  BOOST_TEST(pageable_in([&] { plain.step(); }) == 3u);  // params in, grads in, params out
+  BOOST_TEST(pageable_in([&] { plain.step(); }) == 5u);  // params in, grads in, 3 buckets of params out
   one_rank<sharded<float, 2>> plain2(l, adamw_decayed(), unpinned, dev(1));
   plain2.step();
   (void)plain2.grad("w1");
-  BOOST_TEST(pageable_in([&] { plain2.step(); }) == 2u);  // w1's grads in, params out
+  BOOST_TEST(pageable_in([&] { plain2.step(); }) == 4u);  // w1's grads in, params out
   BOOST_TEST(arenas.registered_bytes() == base);
 
   // As cudaHostRegister, the emulated device refuses a range that overlaps a registered one.

@@ -347,6 +347,7 @@ struct layer_engine {
       for (std::size_t k = 0; k < o.plan_.buckets().size(); ++k) {
         run(bucket_items_[k], bucket_items_[k + 1]);
         if (o.options_.gather_params) o.start_gather(k, true);
+        o.tell_params(k + 1, false);
       }
     } else {
       run(0, items_.size());

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -183,11 +184,13 @@ DISTOPT_CORE_FN void device_arenas::protect_all(int prot) noexcept {
 }
 #endif  // DISTOPT_CORE_BODIES
 
-/// The emulated device's copies to the host beside its launches (copies_async), for the
+/// The emulated device's copies beside its launches (copies_async), either way, for the
 /// whole process as one copy stream: a copy is made only when it is waited for (it or a
-/// later one), reading its device side and writing its host side then, so that host code
-/// that reads the host side too early, or writes the device side before the copy is done,
-/// gets the wrong bytes and the tests see it.
+/// later one), writing its destination then, so that code that reads the destination too
+/// early gets the wrong bytes and the tests see it. Its source is read at the start too, and
+/// a wait that finds the source changed since throws: code that writes the source before
+/// the copy is done (a host update of a bucket being copied, a device buffer reused) is
+/// caught however the timing of a real device would have hidden it.
 class emulated_copies {
  public:
   static emulated_copies& instance() {
@@ -196,19 +199,31 @@ class emulated_copies {
   }
   std::uint64_t enqueue(void* dst, const void* src, std::size_t n) {
     device_arenas::instance().count_copy(dst, src, n);
+    copy c{0, dst, src, n, std::vector<unsigned char>(n)};
+    {
+      const arenas_open open;
+      if (n) std::memcpy(c.started.data(), src, n);
+    }
     const std::lock_guard<std::mutex> lock(m_);
-    pending_.push_back({++issued_, dst, src, n});
+    c.ticket = ++issued_;
+    pending_.push_back(std::move(c));
     return issued_;
   }
+  /// Makes copy `t` and those before it. Throws std::logic_error, after making them, if a
+  /// source changed while its copy was in flight.
   void wait(std::uint64_t t) {
     const std::lock_guard<std::mutex> lock(m_);
+    std::string raced;
     while (!pending_.empty() && pending_.front().ticket <= t) {
-      const copy c = pending_.front();
+      const copy c = std::move(pending_.front());
       pending_.erase(pending_.begin());
-      device_arenas::instance().open();
+      const arenas_open open;
+      if (c.n && std::memcmp(c.started.data(), c.src, c.n) != 0 && raced.empty())
+        raced = "distopt::emulated_device: the source of asynchronous copy " + std::to_string(c.ticket) + " (" +
+                std::to_string(c.n) + " bytes) was written while the copy was in flight";
       if (c.n) std::memcpy(c.dst, c.src, c.n);
-      device_arenas::instance().close();
     }
+    if (!raced.empty()) throw std::logic_error(raced);
   }
   /// Copies enqueued and not yet made, in the whole process.
   std::size_t in_flight() const {
@@ -217,11 +232,18 @@ class emulated_copies {
   }
 
  private:
+  struct arenas_open {  // the device memory open to the host while it lives
+    arenas_open() { device_arenas::instance().open(); }
+    ~arenas_open() { device_arenas::instance().close(); }
+    arenas_open(const arenas_open&) = delete;
+    arenas_open& operator=(const arenas_open&) = delete;
+  };
   struct copy {
     std::uint64_t ticket;
     void* dst;
     const void* src;
     std::size_t n;
+    std::vector<unsigned char> started;  // the source's bytes when the copy started
   };
   mutable std::mutex m_;
   std::vector<copy> pending_;
@@ -297,9 +319,10 @@ class emulated_device {
     if (n) std::memcpy(dst, src, n);
   }
 
-  /// Copies n bytes of device memory to the host beside the launches (copies_async): the
-  /// copy is made when copy_wait waits for it (detail::emulated_copies).
-  std::uint64_t copy_to_host_async(void* dst, const void* src, std::size_t n) {
+  /// Copies n bytes between device and host memory, either way, beside the launches
+  /// (copies_async): the copy is made when copy_wait waits for it, and the wait throws if
+  /// its source was written meanwhile (detail::emulated_copies).
+  std::uint64_t copy_async(void* dst, const void* src, std::size_t n) {
     return detail::emulated_copies::instance().enqueue(dst, src, n);
   }
   void copy_wait(std::uint64_t ticket) { detail::emulated_copies::instance().wait(ticket); }

@@ -19,8 +19,10 @@
 ///    the host optimizer first, so the host's collectives keep the calls' order on every
 ///    rank; an error the host finds in a hook (a layer order that differs between ranks)
 ///    surfaces at that next call;
-///  - after the host step the updated params come back to the device in one copy
-///    (stages 0-2); at ZeRO-3 `gather(names)` copies the host's gathered params into a
+///  - stages 0-2: the host step reports each bucket whose params are final (updated, and
+///    gathered where sharded), and its copy to the device starts at once, so that on a
+///    device that copies asynchronously it runs while the host updates the next bucket;
+///    `step()` returns once every copy is done. At ZeRO-3 `gather(names)` copies the host's gathered params into a
 ///    pooled device buffer per tensor and `release` hands it back;
 ///  - at ZeRO-2 and ZeRO-3 a tensor's device grads are a pooled buffer lent at its first
 ///    view in a step (zeroed, as the host optimizer's buckets are) and returned once
@@ -201,8 +203,8 @@ class host_registration {
   std::vector<void*> ranges_;
 };
 
-/// Waits, when it goes, for the copies to the host (copies_async) that an offload optimizer
-/// started last: declared after everything they write, it is destroyed first. Moving hands
+/// Waits, when it goes, for the copies (copies_async) that an offload optimizer started
+/// last: declared after everything they read and write, it is destroyed first. Moving hands
 /// the wait over; assigning waits for its own first.
 template <class Device>
 class copy_fence {
@@ -257,6 +259,23 @@ struct offload_access {
   static std::pair<void*, std::size_t> param_bucket(Host& host, std::size_t i) {
     const std::size_t k = host.hooks_.bucket_of(i);
     return {host.param_pool_.of(k), host.param_pool_.bytes_of(k)};
+  }
+  /// Stages 0-2: bucket `k`'s params in the full buffer, padding included, as {first
+  /// element, elements}; and the number of buckets.
+  template <class Host>
+  static std::pair<std::size_t, std::size_t> params_of_bucket(const Host& host, std::size_t k) {
+    const auto& b = host.plan_.buckets()[k];
+    return {b.buffer_begin, b.padded()};
+  }
+  template <class Host>
+  static std::size_t buckets(const Host& host) {
+    return host.plan_.buckets().size();
+  }
+  /// Sets (or with an empty one, clears) the listener the host's step tells of each
+  /// bucket whose params are final.
+  template <class Host>
+  static void listen(Host& host, params_listener l) {
+    host.params_done_ = l;
   }
 };
 
@@ -517,14 +536,19 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     return norm;
   }
   /// Copies the grads that no hook copied to the host (before the first step, the device
-  /// params too), steps the host optimizer, and copies the updated params to the device.
+  /// params too) and steps the host optimizer; stages 0-2 copy each bucket of updated
+  /// params to the device as the host finishes it, and return when all are there.
   step_result step() {
-    if constexpr (zero_stage < 3)
-      if (!params_on_host_) copy_params(true);
     step_result r;
-    on_host([&] { r = host().step(); });
+    if constexpr (zero_stage < 3) {
+      if (!params_on_host_) copy_params(true);
+      param_sender send(*this);
+      on_host([&] { r = host().step(); });
+      send.rest();
+    } else {
+      on_host([&] { r = host().step(); });
+    }
     params_on_host_ = true;
-    if constexpr (zero_stage < 3) copy_params(false);
     return_grads();
     next_step();
     return r;
@@ -604,7 +628,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     if constexpr (zero_stage >= 2) pin_pooled(detail::offload_access::grad_bucket(host(), i), "grad bucket buffer");
     if constexpr (copies_async<Device>) {
       if (async && to.size_bytes() > 0) {
-        const std::uint64_t t = exec_.device().copy_to_host_async(to.data(), from, to.size_bytes());
+        const std::uint64_t t = exec_.device().copy_async(to.data(), from, to.size_bytes());
         fence_.started(exec_.device(), t);
         return t;
       }
@@ -612,6 +636,49 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
     return 0;
   }
+  /// Stages 0-2, for one step(): copies each bucket of params to the device when the host
+  /// step reports it final (detail::params_listener), asynchronously where the device can,
+  /// so that the copy of one bucket runs while the host updates the next. `rest` copies
+  /// the buckets not reported (every one in a skipped step: the device keeps the host's
+  /// params) and waits for all. Gone without it (the step threw), it stops listening and
+  /// waits for the copies started.
+  class param_sender {
+   public:
+    explicit param_sender(optimizer& o) : o_(o), sent_(detail::offload_access::buckets(o.host()), 0) {
+      detail::offload_access::listen(o_.host(), {this, &param_sender::told});
+    }
+    param_sender(const param_sender&) = delete;
+    param_sender& operator=(const param_sender&) = delete;
+    ~param_sender() {
+      detail::offload_access::listen(o_.host(), {});
+      o_.fence_.wait();
+    }
+    void rest() {
+      for (std::size_t k = 0; k < sent_.size(); ++k)
+        if (!sent_[k]) send(k);
+      if (last_ != 0) o_.exec_.device().copy_wait(std::exchange(last_, 0));  // may throw, unlike the fence
+    }
+
+   private:
+    static void told(void* self, std::size_t k) { static_cast<param_sender*>(self)->send(k); }
+    void send(std::size_t k) {
+      const auto [at, n] = detail::offload_access::params_of_bucket(o_.host(), k);
+      param_type* to = o_.params_.data() + at;
+      const param_type* from = o_.host().params().data() + at;
+      sent_[k] = 1;
+      if constexpr (copies_async<Device>) {
+        if (n == 0) return;
+        last_ = o_.exec_.device().copy_async(to, from, n * sizeof(param_type));
+        o_.fence_.started(o_.exec_.device(), last_);
+      } else {
+        detail::copy_bytes(o_.exec_, to, from, n * sizeof(param_type));
+      }
+    }
+    optimizer& o_;
+    std::vector<char> sent_;
+    std::uint64_t last_ = 0;  // the last copy started (0: none)
+  };
+
   /// Waits for the copies the last grads_ready started and hands its tensors to the host
   /// optimizer (its grads_ready): at the next hook, or at step, reduce_grads,
   /// clip_grad_norm or save. So every rank's host optimizer sees its hooks, and issues its

@@ -21,8 +21,8 @@
 /// update, the 8-bit update, the exact norm and the layer-wise passes and merges have
 /// kernels of their own (phases.cuh, layer_phase.cuh); every other phase runs through
 /// phase_kernel. Run on H200s (2026-11-27 and 28): bit-identical to `cpu` in tests/cuda,
-/// the figures in bench/RESULTS.md. Copies to the host can run beside the stream
-/// (copy_to_host_async, on a copy stream per device: ZeRO-Offload's grads).
+/// the figures in bench/RESULTS.md. Copies to and from the host can run beside the stream
+/// (copy_async, on a copy stream per device: ZeRO-Offload's grads and params).
 
 #include <cuda_runtime.h>
 
@@ -89,46 +89,46 @@ class device_guard {
   int previous_ = -1;
 };
 
-/// The copies to the host that run beside a device's streams (cuda::copy_to_host_async),
+/// The copies to and from the host that run beside a device's streams (cuda::copy_async),
 /// for the current device: one non-blocking copy stream, and the completion events of the
 /// copies in flight, in order. Made at the first such copy on a device and kept for the
 /// process's life (never destroyed: a stream outliving the driver's teardown is harmless,
 /// one destroyed after it is not).
-class host_copies {
+class side_copies {
  public:
-  static host_copies& current() {
+  static side_copies& current() {
     static std::mutex m;
-    static std::map<int, host_copies*> of;
+    static std::map<int, side_copies*> of;
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     const std::lock_guard<std::mutex> lock(m);
-    host_copies*& q = of[device];
-    if (!q) q = new host_copies();
+    side_copies*& q = of[device];
+    if (!q) q = new side_copies();
     return *q;
   }
   /// Copies n bytes after everything enqueued on `after` so far; returns the ticket.
   std::uint64_t enqueue(void* dst, const void* src, std::size_t n, cudaStream_t after) {
     const std::lock_guard<std::mutex> lock(m_);
     cudaEvent_t before = take();
-    check(cudaEventRecord(before, after), "cudaEventRecord (before a copy to the host)");
+    check(cudaEventRecord(before, after), "cudaEventRecord (before an asynchronous copy)");
     check(cudaStreamWaitEvent(side_, before, 0), "cudaStreamWaitEvent (copy stream)");
     spare_.push_back(before);  // the wait has taken its state: reusable at once
-    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, side_), "cudaMemcpyAsync (copy to the host)");
+    check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, side_), "cudaMemcpyAsync (asynchronous copy)");
     cudaEvent_t done = take();
-    check(cudaEventRecord(done, side_), "cudaEventRecord (after a copy to the host)");
+    check(cudaEventRecord(done, side_), "cudaEventRecord (after an asynchronous copy)");
     pending_.push_back({++issued_, done});
     return issued_;
   }
   void wait(std::uint64_t t) {
     const std::lock_guard<std::mutex> lock(m_);
     while (finished_ < t && !pending_.empty()) {
-      check(cudaEventSynchronize(pending_.front().second), "cudaEventSynchronize (a copy to the host)");
+      check(cudaEventSynchronize(pending_.front().second), "cudaEventSynchronize (an asynchronous copy)");
       pop();
     }
   }
 
  private:
-  host_copies() { check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate (copy stream)"); }
+  side_copies() { check(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), "cudaStreamCreate (copy stream)"); }
   cudaEvent_t take() {
     if (!spare_.empty()) {
       cudaEvent_t e = spare_.back();
@@ -217,18 +217,19 @@ class cuda {
     cuda_exec::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after a copy");
   }
 
-  /// Copies n bytes of device memory to the host on the device's copy stream, after
-  /// everything enqueued on this executor's stream so far, without waiting (copies_async):
-  /// the stream goes on with the next kernels meanwhile. The host side should be
-  /// page-locked (register_host): from pageable memory the driver copies synchronously.
-  std::uint64_t copy_to_host_async(void* dst, const void* src, std::size_t n) {
+  /// Copies n bytes between device and host memory (either way) on the device's copy
+  /// stream, after everything enqueued on this executor's stream so far, without waiting
+  /// (copies_async): the stream goes on with the next kernels meanwhile, and none of them
+  /// may read `dst` or write `src` before copy_wait. The host side should be page-locked
+  /// (register_host): from pageable memory the driver copies synchronously.
+  std::uint64_t copy_async(void* dst, const void* src, std::size_t n) {
     const cuda_exec::device_guard on(device_);
-    return cuda_exec::host_copies::current().enqueue(dst, src, n, stream_);
+    return cuda_exec::side_copies::current().enqueue(dst, src, n, stream_);
   }
   /// Waits for copy `ticket` and those before it on this device.
   void copy_wait(std::uint64_t ticket) {
     const cuda_exec::device_guard on(device_);
-    cuda_exec::host_copies::current().wait(ticket);
+    cuda_exec::side_copies::current().wait(ticket);
   }
 
   /// Page-locks `bytes` of host memory from `p` (cudaHostRegister), so that copies to and
