@@ -15,15 +15,17 @@ build=${BUILD_DIR:-build-gpu}
 bundle=$build/bundle
 programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/test_cuda_layerwise
           tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
-          bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay)
+          bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay
+          examples/fashion_mnist/distopt-fashion-mnist)
 
 # distopt-replay without LAPACK (the GPU machine has no OpenBLAS): it then refuses
 # galore_adamw and muon, which run on host memory only anyway. It is built with the two modes
 # that run.sh compares, single (--backend cpu) and cuda: the threads and emulated modes ran
 # in the release stage's ctest, and cost about half of each policy's host compile.
+# distopt-fashion-mnist with the two optimizers run.sh trains (about 80 s of compile each).
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DDISTOPT_BUILD_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_LAPACK=ON -DDISTOPT_STATIC_RUNTIMES=ON \
-  "-DDISTOPT_REPLAY_MODES=single;cuda" \
+  "-DDISTOPT_REPLAY_MODES=single;cuda" "-DDISTOPT_FASHION_MNIST_OPTIMIZERS=adamw;adafactor" \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 cmake --build "$build" -j2 --target "${programs[@]##*/}"
 
@@ -37,8 +39,8 @@ sed -n '/^set(replay_ranks_cases/,/)$/p' tests/CMakeLists.txt | grep -o '"[^"]*"
 while read -r case _; do cp "tests/reference/traces/$case.trace.safetensors" "$bundle/traces/"; done < "$bundle/replay_cases.txt"
 
 # What each program may load itself there (its NEEDED entries): the C library's parts, the
-# driver, NCCL (whose own needs, libstdc++ among them, come with it there).
-allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl)\.so'
+# driver, NCCL and cuBLAS (PyTorch's nvidia wheels there; their own needs come with them).
+allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl|libcublas|libcublasLt)\.so'
 status=0
 {
   dirty=$(git diff --quiet HEAD -- include tests bench 2> /dev/null || echo " with uncommitted changes")
@@ -59,12 +61,33 @@ status=0
 } > "$bundle/MANIFEST"
 cat "$bundle/MANIFEST"
 [ $status -eq 0 ] || { echo "bench/gpu/build.sh: ldd check failed" >&2; exit 1; }
+# distopt-fashion-mnist --backend cuda trains on a part of the data set there (the whole
+# is 31 MB): the first FMNIST_TRAIN training samples (default 20,000) and the whole test set,
+# as the same gzipped idx files.
+mkdir -p "$bundle/fashion-mnist"
+python3 - "${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}" "$bundle/fashion-mnist" "${FMNIST_TRAIN:-20000}" <<'PY'
+import gzip, struct, sys
+src, dst, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+    data = gzip.open(f"{src}/{name}.gz").read()
+    dims = data[3]
+    shape = list(struct.unpack(f">{dims}I", data[4:4 + 4 * dims]))
+    if name.startswith("train"):
+        shape[0] = min(shape[0], keep)
+    row = 1
+    for d in shape[1:]:
+        row *= d
+    head = data[:4] + struct.pack(f">{dims}I", *shape)
+    body = data[4 + 4 * dims:4 + 4 * dims + shape[0] * row]
+    with gzip.open(f"{dst}/{name}.gz", "wb", compresslevel=9) as f:
+        f.write(head + body)
+PY
 # The device tool carries at most 64 MiB with the working tree: the programs without their
-# host symbols (kernel names stay, in the device code), and any still above 8 MB (the replay
-# tool: 29 MB, 4.4 MB compressed) as name.xz, which run.sh unpacks there.
+# host symbols (kernel names stay, in the device code), each as name.xz, which run.sh
+# unpacks there (the replay tool: 29 MB, 4.4 MB compressed).
 for p in "${programs[@]}"; do
   f=$bundle/${p##*/}
   strip "$f"
-  [ "$(stat -c %s "$f")" -le 8000000 ] || xz -T2 -6 "$f"
+  xz -T2 -6 "$f"
 done
 echo "bundle: $bundle ($(du -sh "$bundle" | cut -f1)); on the GPU machine: bash $bundle/run.sh"

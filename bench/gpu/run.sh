@@ -3,7 +3,7 @@
 # folder bench/gpu/build.sh made (it builds nothing). Runs the GPU tests (the update
 # kernels and optimizer<..., cuda> bit for bit against the CPU executor, with threads and
 # with nccl as its communicator, the NCCL communicator alone, distopt-replay --backend cuda
-# against --backend cpu), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
+# against --backend cpu, distopt-fashion-mnist --backend cuda beside --backend cpu), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
 # with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips them), then
 # compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
 # each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
@@ -14,10 +14,10 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$here
-[ -x "$bundle/test_cuda_update" ] || bundle=$(cd "${BUNDLE:-$here/../../build-gpu/bundle}" && pwd) ||
+[ -e "$bundle/MANIFEST" ] || bundle=$(cd "${BUNDLE:-$here/../../build-gpu/bundle}" && pwd) ||
   { echo "run.sh: no bundle: run bench/gpu/build.sh first" >&2; exit 2; }
 out=${OUT:-$PWD/gpu-results}
-# build.sh compressed the largest programs (the device tool's size limit): unpacked here.
+# build.sh compressed the programs (the device tool's size limit): unpacked here.
 for f in "$bundle"/*.xz; do
   [ -e "$f" ] || continue
   xz -d "$f" 2> /dev/null ||
@@ -35,6 +35,9 @@ python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.n
 # NCCL comes with PyTorch there (the nvidia-nccl wheel); the programs load it from its folder.
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS likewise (distopt-fashion-mnist --backend cuda): the folder of PyTorch's libcublas.
+cublas=$(python3 -c 'import nvidia, os, glob; print(next(iter(sorted(os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "libcublas.so*"), recursive=True))), ""))' 2> /dev/null)
+[ -n "$cublas" ] && export LD_LIBRARY_PATH="$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 status=0
 # One test under a time limit (seconds): exit 0 passes, 77 is a skip (too few devices), 124
@@ -81,6 +84,19 @@ while read -r case optimizer args; do
   run_test "replay_backend.cuda.$case" 30 bash -c 'replay_same "$@"' _ "$case" --optimizer "$optimizer" $args < /dev/null
 done < "$bundle/replay_cases.txt"
 rm -rf "$replay_dir"
+
+# distopt-fashion-mnist: the whole training on the GPU (cuBLAS products, distopt::cuda
+# steps), then the same run with the optimizer on the CPU (16 threads, OpenBLAS) beside it:
+# the same model and batches, accuracies within the example's gap (not the same bits).
+fmnist_run() {
+  local backend=$1
+  shift
+  "$bundle/distopt-fashion-mnist" --data "$bundle/fashion-mnist" --epochs "${FMNIST_EPOCHS:-3}" --backend "$backend" "$@"
+}
+export -f fmnist_run
+run_test fashion_mnist.cuda_adamw 120 bash -c 'fmnist_run cuda --optimizer adamw'
+run_test fashion_mnist.cpu_adamw 120 bash -c 'fmnist_run cpu --optimizer adamw --threads 16'
+run_test fashion_mnist.cuda_adafactor 120 bash -c 'fmnist_run cuda --optimizer adafactor'
 
 rm -f "$out/distopt.jsonl" "$out/torch.jsonl" "$out/variants.txt"
 timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/distopt.jsonl" 2>&1 |

@@ -44,7 +44,7 @@ struct config {
   std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
   int zero = 0;           // --zero: the ZeRO stage (1-3), with the overlap hooks; 0: not given
   bool offload = false;   // --offload: ZeRO-Offload (params and grads on the emulated device), with --zero
-  std::string backend = "cpu";   // the optimizer's executor: cpu or kokkos (one rank)
+  std::string backend = "cpu";   // the optimizer's executor: cpu, kokkos or cuda (one rank)
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;
   std::string log_path, plot_path;
@@ -92,6 +92,8 @@ history train_adafactor(const config&);
 history train_came(const config&);
 history train_galore_adamw(const config&);
 history train_muon(const config&);
+/// --backend cuda (train_cuda.cu, a build with CUDA): one rank on GPU 0, adamw or adafactor.
+history train_cuda(const config&);
 
 /// Fails early (usage_error naming the package) when gnuplot is not on PATH.
 void require_gnuplot();

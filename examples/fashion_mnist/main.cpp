@@ -43,7 +43,7 @@ constexpr const char* usage_text =
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
     "                             [--ranks N] [--tp T] [--comm threads|mpi] [--zero 1|2|3 [--offload]]\n"
     "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
-    "                             [--backend cpu|kokkos]\n"
+    "                             [--backend cpu|kokkos|cuda]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
     "  --optimizer     default adamw; hyper-parameters by the reference's argument names,\n"
     "                  tuples as comma lists (--set betas=0.9,0.95), None as none. Defaults\n"
@@ -106,7 +106,10 @@ constexpr const char* usage_text =
     "                  without --offload. adamw with fp32 params and states, Linux\n"
     "  --backend       the optimizer's executor: cpu (default; --threads threads) or kokkos\n"
     "                  (Kokkos's default host space, its own threads; one rank): both train\n"
-    "                  bit for bit alike\n";
+    "                  bit for bit alike. cuda: the whole training on GPU 0, the products on\n"
+    "                  cuBLAS, the optimizer on distopt::cuda (one rank, fp32 params and\n"
+    "                  states, adamw or adafactor; trains to about the CPU's accuracy, not\n"
+    "                  to its bits)\n";
 
 template <class T>
 T parse_number(std::string_view flag, std::string_view v, T min) {
@@ -214,8 +217,13 @@ fmnist::config parse_args(int argc, char** argv) {
       else cfg.checkpoint_every = parse_number<int>(a, value(), 1);
     } else if (a == "--backend") {
       cfg.backend = value();
-      if (cfg.backend != "cpu" && cfg.backend != "kokkos")
-        throw usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu or kokkos)");
+      if (cfg.backend != "cpu" && cfg.backend != "kokkos" && cfg.backend != "cuda")
+        throw usage_error("--backend: unknown backend '" + cfg.backend + "' (cpu, kokkos or cuda)");
+#ifndef DISTOPT_FASHION_MNIST_CUDA
+      if (cfg.backend == "cuda")
+        throw usage_error("--backend cuda: this distopt-fashion-mnist was built without CUDA (configure with "
+                          "-DDISTOPT_ENABLE_CUDA=ON)");
+#endif
 #ifndef DISTOPT_FASHION_MNIST_KOKKOS
       if (cfg.backend == "kokkos")
         throw usage_error("--backend kokkos: this distopt-fashion-mnist was built without Kokkos (configure with "
@@ -246,6 +254,17 @@ fmnist::config parse_args(int argc, char** argv) {
   }
   if (cfg.backend == "kokkos" && (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi"))
     throw usage_error("--backend kokkos: runs one rank in distopt-fashion-mnist (no --ranks, --tp or --comm mpi)");
+  if (cfg.backend == "cuda") {
+    const auto refuse = [](const std::string& what) {
+      throw usage_error("--backend cuda: " + what + " (it runs one rank with fp32 params and states)");
+    };
+    if (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi") refuse("not with --ranks, --tp or --comm mpi");
+    if (cfg.zero > 0 || cfg.offload) refuse("not with --zero or --offload");
+    if (cfg.param_dtype != "fp32" || cfg.state != "fp32") refuse("not with --param-dtype bf16 or --state q8");
+    if (!cfg.checkpoint_dir.empty() || !cfg.resume_dir.empty()) refuse("not with --checkpoint or --resume");
+    if (cfg.optimizer != "adamw" && cfg.optimizer != "adafactor")
+      refuse("built for --optimizer adamw and adafactor, not " + cfg.optimizer);
+  }
   if (cfg.tp > 1) {
     if (cfg.comm == "mpi")
       throw usage_error("--tp " + std::to_string(cfg.tp) +
@@ -315,6 +334,9 @@ int main(int argc, char** argv) {
     } else
       throw fmnist::usage_error("--optimizer: unknown optimizer '" + cfg.optimizer +
                                 "' (sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw or muon)");
+#ifdef DISTOPT_FASHION_MNIST_CUDA
+    if (cfg.backend == "cuda") train = fmnist::train_cuda;
+#endif
 
     int ranks = std::max(cfg.ranks, 1), ranks_here = ranks * cfg.tp;
 #ifdef DISTOPT_FASHION_MNIST_MPI
