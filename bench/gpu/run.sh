@@ -140,6 +140,24 @@ if command -v compute-sanitizer > /dev/null; then
 else
   echo "run.sh: no compute-sanitizer here" | tee -a "$out/tests.txt"
 fi
+# Profiles of the kernels rebuilt from the last profiles (2026-11-28), unmeasured until
+# now: the q8 step kernel (loads first, tables in shared memory), the layer-wise merge on
+# blocks per tensor and the one-launch layer-wise update (Adafactor), at 60 M params.
+# NO_NCU=1 skips them; each under a time limit, into ncu.txt.
+if [ -z "${NO_NCU:-}" ] && command -v ncu > /dev/null; then
+  metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers
+  {
+    echo "== ncu: q8_update_phase_kernel (AdamW q8, 60 M params)"
+    timeout 120 ncu --clock-control none --kernel-name regex:q8_update_phase_kernel --launch-skip 1 --launch-count 2 \
+      --metrics "$metrics" "$bundle/distopt-bench-gpu-step" --params 60000000 --repeats 2 2>&1 | grep -v '^==PROF==' | tail -n 40
+    echo "== ncu: layer-wise kernels (Adafactor, 60 M params)"
+    DISTOPT_BENCH_ONLY=adafactor timeout 120 ncu --clock-control none \
+      --kernel-name regex:'^(layer_phase_kernel|layer_merge_kernel|layer_pass_kernel)$' --launch-count 40 \
+      --metrics "$metrics" "$bundle/distopt-bench-gpu-layerwise" --params 60000000 --repeats 1 2>&1 |
+      grep -v '^==PROF==' | tail -n 400
+  } > "$out/ncu.txt" 2>&1 || true
+fi
+
 passed=$(grep -c '^== .* passed' "$out/tests.txt")
 failed=$(grep -c -E '^== .* (FAILED|TIMED OUT)' "$out/tests.txt")
 skipped=$(grep -c '^== .* skipped$' "$out/tests.txt")
