@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -127,6 +130,43 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
     std::fputs("step,epoch,loss\n", p.log.get());
   }
   return p;
+}
+
+/// The MLP's widths: the pixels, --hidden's widths, the 10 classes.
+inline std::vector<int> model_sizes(const config& cfg, std::size_t pixels) {
+  std::vector<int> sizes{static_cast<int>(pixels)};
+  sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
+  sizes.push_back(10);
+  return sizes;
+}
+
+/// torch.nn.Linear's initialisation: kaiming_uniform_(a=sqrt(5)) on the weight and the
+/// bias bound both come to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Draws each whole tensor from
+/// `rng` (weight [out, in], then bias [out], layer by layer) and hands it to use(layer,
+/// t (0 weight, 1 bias), rows, cols, values). Every rank and backend draws the same values
+/// from a generator seeded alike, and then the same shuffles from it.
+template <class Use>
+void draw_initial_params(std::mt19937& rng, const std::vector<int>& sizes, Use&& use) {
+  std::vector<float> whole;
+  for (std::size_t l = 0; l + 1 < sizes.size(); ++l) {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(sizes[l]));
+    std::uniform_real_distribution<float> uniform(-bound, bound);
+    for (int t = 0; t < 2; ++t) {
+      const auto rows = static_cast<std::size_t>(sizes[l + 1]);
+      const std::size_t cols = t == 0 ? static_cast<std::size_t>(sizes[l]) : 1;
+      whole.resize(rows * cols);
+      for (float& w : whole) w = uniform(rng);
+      use(static_cast<int>(l), t, rows, cols, static_cast<const std::vector<float>&>(whole));
+    }
+  }
+}
+
+/// The line printed after each epoch.
+inline std::string epoch_line(int epoch, int epochs, double loss, double accuracy, double seconds) {
+  char line[160];
+  std::snprintf(line, sizeof line, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.1f s)\n", epoch, epochs, loss,
+                accuracy, seconds);
+  return line;
 }
 
 }  // namespace fmnist

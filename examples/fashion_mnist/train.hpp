@@ -87,9 +87,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   // would not need to; the master weights and states on the host. Always with the hooks.
   constexpr bool offloaded = !distopt::host_memory<Exec>;
 
-  std::vector<int> sizes{static_cast<int>(data.pixels)};
-  sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
-  sizes.push_back(10);
+  const std::vector<int> sizes = model_sizes(cfg, data.pixels);
   const int layer_count = static_cast<int>(sizes.size()) - 1;
 
   // Each tensor's TP split (none without --tp) and this TP rank's part of its shape.
@@ -140,35 +138,23 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
     }
   };
 
-  // torch.nn.Linear's initialisation: kaiming_uniform_(a=sqrt(5)) on the weight and the
-  // bias bound both come to U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Every rank draws the same
-  // values (and, below, the same shuffles) from its own generator with the same seed: the
-  // whole tensors, of which each TP rank keeps its part, so that --tp T starts from the
-  // same model as one rank.
+  // The initial model (draw_initial_params): every rank draws the whole tensors, of which
+  // each TP rank keeps its part, so that --tp T starts from the same model as one rank.
   std::mt19937 rng(static_cast<std::mt19937::result_type>(cfg.seed));
-  std::vector<float> whole;
-  for (int l = 0; l < layer_count; ++l) {
-    const float bound = 1.0f / std::sqrt(static_cast<float>(sizes[l]));
-    std::uniform_real_distribution<float> uniform(-bound, bound);
-    for (int t = 0; t < 2; ++t) {
-      const std::size_t rows = static_cast<std::size_t>(sizes[l + 1]);
-      const std::size_t cols = t == 0 ? static_cast<std::size_t>(sizes[l]) : 1;
-      whole.resize(rows * cols);
-      for (float& w : whole) w = uniform(rng);
-      const std::string& name = names[static_cast<std::size_t>(2 * l + t)];
-      if (hooks) opt.gather(name);  // ZeRO-3: a full view to write into
-      std::vector<Param> part(opt.param(name).size());
-      const distopt::tp_split split = splits[static_cast<std::size_t>(2 * l + t)];
-      const auto ut = static_cast<std::size_t>(tp_size), ur = static_cast<std::size_t>(tp_rank);
-      const std::size_t part_cols = split == distopt::tp_split::cols ? cols / ut : cols;
-      const std::size_t first_row = split == distopt::tp_split::rows ? ur * (rows / ut) : 0;
-      const std::size_t first_col = split == distopt::tp_split::cols ? ur * part_cols : 0;
-      for (std::size_t i = 0; i < part.size(); ++i)
-        part[i] = distopt::from_float<Param>(whole[(first_row + i / part_cols) * cols + first_col + i % part_cols]);
-      distopt::upload(opt.executor(), part, opt.param(name));  // a plain copy on cpu
-      if (hooks) opt.release(name, distopt::keep_writes);  // ZeRO-3: this rank keeps its shard
-    }
-  }
+  draw_initial_params(rng, sizes, [&](int l, int t, std::size_t rows, std::size_t cols, const std::vector<float>& whole) {
+    const std::string& name = names[static_cast<std::size_t>(2 * l + t)];
+    if (hooks) opt.gather(name);  // ZeRO-3: a full view to write into
+    std::vector<Param> part(opt.param(name).size());
+    const distopt::tp_split split = splits[static_cast<std::size_t>(2 * l + t)];
+    const auto ut = static_cast<std::size_t>(tp_size), ur = static_cast<std::size_t>(tp_rank);
+    const std::size_t part_cols = split == distopt::tp_split::cols ? cols / ut : cols;
+    const std::size_t first_row = split == distopt::tp_split::rows ? ur * (rows / ut) : 0;
+    const std::size_t first_col = split == distopt::tp_split::cols ? ur * part_cols : 0;
+    for (std::size_t i = 0; i < part.size(); ++i)
+      part[i] = distopt::from_float<Param>(whole[(first_row + i / part_cols) * cols + first_col + i % part_cols]);
+    distopt::upload(opt.executor(), part, opt.param(name));  // a plain copy on cpu
+    if (hooks) opt.release(name, distopt::keep_writes);  // ZeRO-3: this rank keeps its shard
+  });
 
   // fp32 params are read by BLAS in place; bf16 params through a float copy refreshed
   // after every step (distopt keeps the fp32 master weights the update works on). With the
@@ -414,11 +400,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
     if (bar) bar->finish(mean_loss);
     hist.epoch_loss.push_back(mean_loss);
     hist.test_accuracy.push_back(test_accuracy());
-    char line[160];
-    std::snprintf(line, sizeof line, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.1f s)\n",
-                  epoch, cfg.epochs, mean_loss, hist.test_accuracy.back(),
-                  seconds(clock::now() - epoch_start).count());
-    if (writer) std::cout << line << std::flush;
+    if (writer)
+      std::cout << epoch_line(epoch, cfg.epochs, mean_loss, hist.test_accuracy.back(),
+                              seconds(clock::now() - epoch_start).count())
+                << std::flush;
   }
   if (step_index > first_step) save_checkpoint(step_index);  // the end (once more after a save at the last step: cheap)
   const double total_seconds = seconds(clock::now() - train_start).count();

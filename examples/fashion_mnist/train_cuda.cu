@@ -81,9 +81,7 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
   using clock = std::chrono::steady_clock;
   using seconds = std::chrono::duration<double>;
   const dataset& data = in.data;
-  std::vector<int> sizes{static_cast<int>(data.pixels)};
-  sizes.insert(sizes.end(), cfg.hidden.begin(), cfg.hidden.end());
-  sizes.push_back(10);
+  const std::vector<int> sizes = model_sizes(cfg, data.pixels);
   const int layer_count = static_cast<int>(sizes.size()) - 1;
 
   distopt::layout tensors;
@@ -103,19 +101,11 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
   distopt::optimizer<Policy, distopt::replicated<distopt::fp32>, distopt::single, distopt::cuda> opt(
       std::move(tensors), groups_of(in), options, distopt::cuda(0, stream));
 
-  // The CPU run's initial model (train.hpp): torch.nn.Linear's U(-1/sqrt(fan_in), ...),
-  // drawn in the same order from the same seed, then the same shuffles.
+  // The CPU run's initial model (draw_initial_params), then the same shuffles.
   std::mt19937 rng(static_cast<std::mt19937::result_type>(cfg.seed));
-  std::vector<float> whole;
-  for (int l = 0; l < layer_count; ++l) {
-    const float bound = 1.0f / std::sqrt(static_cast<float>(sizes[l]));
-    std::uniform_real_distribution<float> uniform(-bound, bound);
-    for (int t = 0; t < 2; ++t) {
-      whole.resize(static_cast<std::size_t>(sizes[l + 1]) * (t == 0 ? static_cast<std::size_t>(sizes[l]) : 1));
-      for (float& w : whole) w = uniform(rng);
-      distopt::upload(opt.executor(), std::span<const float>(whole), opt.param(names[static_cast<std::size_t>(2 * l + t)]));
-    }
-  }
+  draw_initial_params(rng, sizes, [&](int l, int t, std::size_t, std::size_t, const std::vector<float>& whole) {
+    distopt::upload(opt.executor(), std::span<const float>(whole), opt.param(names[static_cast<std::size_t>(2 * l + t)]));
+  });
   std::vector<gpu::device_linear> layers;
   for (int l = 0; l < layer_count; ++l) {
     const std::string& w = names[static_cast<std::size_t>(2 * l)];
@@ -198,10 +188,9 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
     bar.finish(mean_loss);
     hist.epoch_loss.push_back(mean_loss);
     hist.test_accuracy.push_back(test_accuracy());
-    char line[160];
-    std::snprintf(line, sizeof line, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.1f s)\n", epoch,
-                  cfg.epochs, mean_loss, hist.test_accuracy.back(), seconds(clock::now() - epoch_start).count());
-    std::cout << line << std::flush;
+    std::cout << epoch_line(epoch, cfg.epochs, mean_loss, hist.test_accuracy.back(),
+                            seconds(clock::now() - epoch_start).count())
+              << std::flush;
   }
   const double optimizer_seconds = steps.seconds();
   const double total_seconds = seconds(clock::now() - train_start).count();
