@@ -22,8 +22,9 @@
 ///  - stages 0-2: the host step reports each bucket whose params are final (updated, and
 ///    gathered where sharded), and its copy to the device starts at once, so that on a
 ///    device that copies asynchronously it runs while the host updates the next bucket;
-///    `step()` returns once every copy is done. At ZeRO-3 `gather(names)` copies the host's gathered params into a
-///    pooled device buffer per tensor and `release` hands it back;
+///    `step()` returns once every copy is done. At ZeRO-3 `gather(names)` copies the
+///    host's gathered params into a pooled device buffer per tensor and `release` hands it
+///    back;
 ///  - at ZeRO-2 and ZeRO-3 a tensor's device grads are a pooled buffer lent at its first
 ///    view in a step (zeroed, as the host optimizer's buckets are) and returned once
 ///    copied.
