@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The run half of the GPU run, on the lent GPU machine, in one call: needs nothing but the
-# folder bench/gpu/build.sh made (it builds nothing). Runs the GPU tests (the update
-# kernels and optimizer<..., cuda> bit for bit against the CPU executor, with threads and
-# with nccl as its communicator, the NCCL communicator alone, distopt-replay --backend cuda
-# against --backend cpu, distopt-fashion-mnist --backend cuda beside --backend cpu), the benchmarks (the update kernels alone, and the optimizer's whole step, the layer-wise policies' step)
-# with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips them), then
-# compute-sanitizer (memcheck on both tests, racecheck on the kernel test and the step),
-# each program under a time limit (SANITIZER_LIMIT, default 90 s, for the sanitizers).
+# folder bench/gpu/build.sh made (it builds nothing). Runs, each program under a time limit:
+# - the GPU tests: the update kernels and optimizer<..., cuda> bit for bit against the CPU
+#   executor, with threads and with nccl as its communicator; the NCCL communicator alone;
+#   distopt-replay --backend cuda against --backend cpu; distopt-fashion-mnist --backend
+#   cuda beside --backend cpu;
+# - the benchmarks (the update kernels alone, the optimizer's whole step, the layer-wise
+#   policies' step) with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips
+#   them);
+# - compute-sanitizer (memcheck on the tests, racecheck on the kernel test and the step;
+#   SANITIZER_LIMIT, default 90 s, each);
+# - ncu on the kernels rebuilt from the last profiles (NO_NCU=1 skips it).
 # Logs and JSON lines go to $OUT (default ./gpu-results), to copy into bench/RESULTS.md.
-# About 75 s on an H200 (2026-11-27); the layer-wise benchmark and compute-sanitizer on its test add about half a minute (2026-11-28).
+# About 150 s on an H200 (2026-11-28) before the Fashion-MNIST runs and ncu were added (not
+# yet timed; each has a limit of 120 s).
 #   device run, carry ["build-gpu/bundle"]:  cd build-gpu/bundle && bash run.sh
 # Run from the repository instead, it uses build-gpu/bundle (or $BUNDLE).
 set -uo pipefail
