@@ -13,7 +13,8 @@
 # - ncu on the kernels rebuilt from the last profiles (NO_NCU=1 skips it).
 # Logs and JSON lines go to $OUT (default ./gpu-results), to copy into bench/RESULTS.md.
 # About 150 s on an H200 (2026-11-28) before the Fashion-MNIST runs and ncu were added (not
-# yet timed; each has a limit of 120 s).
+# yet timed: 60 s limits on the three trainings, 90 s on each profile, so that the whole
+# stays under the device tool's 10 minutes a call).
 #   device run, carry ["build-gpu/bundle"]:  cd build-gpu/bundle && bash run.sh
 # Run from the repository instead, it uses build-gpu/bundle (or $BUNDLE).
 set -uo pipefail
@@ -99,9 +100,9 @@ fmnist_run() {
   "$bundle/distopt-fashion-mnist" --data "$bundle/fashion-mnist" --epochs "${FMNIST_EPOCHS:-3}" --backend "$backend" "$@"
 }
 export -f fmnist_run
-run_test fashion_mnist.cuda_adamw 120 bash -c 'fmnist_run cuda --optimizer adamw'
-run_test fashion_mnist.cpu_adamw 120 bash -c 'fmnist_run cpu --optimizer adamw --threads 16'
-run_test fashion_mnist.cuda_adafactor 120 bash -c 'fmnist_run cuda --optimizer adafactor'
+run_test fashion_mnist.cuda_adamw 60 bash -c 'fmnist_run cuda --optimizer adamw'
+run_test fashion_mnist.cpu_adamw 60 bash -c 'fmnist_run cpu --optimizer adamw --threads 16'
+run_test fashion_mnist.cuda_adafactor 60 bash -c 'fmnist_run cuda --optimizer adafactor'
 
 rm -f "$out/distopt.jsonl" "$out/torch.jsonl" "$out/variants.txt"
 timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/distopt.jsonl" 2>&1 |
@@ -153,10 +154,10 @@ if [ -z "${NO_NCU:-}" ] && command -v ncu > /dev/null; then
   metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers
   {
     echo "== ncu: q8_update_phase_kernel (AdamW q8, 60 M params)"
-    timeout 120 ncu --clock-control none --kernel-name regex:q8_update_phase_kernel --launch-skip 1 --launch-count 2 \
+    timeout 90 ncu --clock-control none --kernel-name regex:q8_update_phase_kernel --launch-skip 1 --launch-count 2 \
       --metrics "$metrics" "$bundle/distopt-bench-gpu-step" --params 60000000 --repeats 2 2>&1 | grep -v '^==PROF==' | tail -n 40
     echo "== ncu: layer-wise kernels (Adafactor, 60 M params)"
-    DISTOPT_BENCH_ONLY=adafactor timeout 120 ncu --clock-control none \
+    DISTOPT_BENCH_ONLY=adafactor timeout 90 ncu --clock-control none \
       --kernel-name regex:'^(layer_phase_kernel|layer_merge_kernel|layer_pass_kernel)$' --launch-count 40 \
       --metrics "$metrics" "$bundle/distopt-bench-gpu-layerwise" --params 60000000 --repeats 1 2>&1 |
       grep -v '^==PROF==' | tail -n 400
