@@ -627,14 +627,20 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
     if (!from) return 0;
     if constexpr (zero_stage >= 2) pin_pooled(detail::offload_access::grad_bucket(host(), i), "grad bucket buffer");
+    return start_copy(to.data(), from, to.size_bytes(), async);
+  }
+  /// Copies `bytes` between host and device memory: with `async`, on a device that copies
+  /// asynchronously, started beside its work (the fence records it) and its ticket
+  /// returned; else made before it returns (0).
+  std::uint64_t start_copy(void* to, const void* from, std::size_t bytes, bool async) {
     if constexpr (copies_async<Device>) {
-      if (async && to.size_bytes() > 0) {
-        const std::uint64_t t = exec_.device().copy_async(to.data(), from, to.size_bytes());
+      if (async && bytes > 0) {
+        const std::uint64_t t = exec_.device().copy_async(to, from, bytes);
         fence_.started(exec_.device(), t);
         return t;
       }
     }
-    detail::copy_bytes(exec_, to.data(), from, to.size_bytes());
+    detail::copy_bytes(exec_, to, from, bytes);
     return 0;
   }
   /// Stages 0-2, for one step(): copies each bucket of params to the device when the host
@@ -645,7 +651,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// waits for the copies started.
   class param_sender {
    public:
-    explicit param_sender(optimizer& o) : o_(o), sent_(detail::offload_access::buckets(o.host()), 0) {
+    explicit param_sender(optimizer& o) : o_(o) {
       detail::offload_access::listen(o_.host(), {this, &param_sender::told});
     }
     param_sender(const param_sender&) = delete;
@@ -655,28 +661,22 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       o_.fence_.wait();
     }
     void rest() {
-      for (std::size_t k = 0; k < sent_.size(); ++k)
-        if (!sent_[k]) send(k);
+      for (std::size_t k = sent_, n = detail::offload_access::buckets(o_.host()); k < n; ++k) send(k);
       if (last_ != 0) o_.exec_.device().copy_wait(std::exchange(last_, 0));  // may throw, unlike the fence
     }
 
    private:
     static void told(void* self, std::size_t k) { static_cast<param_sender*>(self)->send(k); }
-    void send(std::size_t k) {
+    void send(std::size_t k) {  // the host tells buckets 0, 1, ... in order: [0, sent_) are sent
       const auto [at, n] = detail::offload_access::params_of_bucket(o_.host(), k);
-      param_type* to = o_.params_.data() + at;
-      const param_type* from = o_.host().params().data() + at;
-      sent_[k] = 1;
-      if constexpr (copies_async<Device>) {
-        if (n == 0) return;
-        last_ = o_.exec_.device().copy_async(to, from, n * sizeof(param_type));
-        o_.fence_.started(o_.exec_.device(), last_);
-      } else {
-        detail::copy_bytes(o_.exec_, to, from, n * sizeof(param_type));
-      }
+      sent_ = k + 1;
+      if (n == 0) return;
+      if (const std::uint64_t t = o_.start_copy(o_.params_.data() + at, o_.host().params().data() + at,
+                                                n * sizeof(param_type), true))
+        last_ = t;
     }
     optimizer& o_;
-    std::vector<char> sent_;
+    std::size_t sent_ = 0;
     std::uint64_t last_ = 0;  // the last copy started (0: none)
   };
 
