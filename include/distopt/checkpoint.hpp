@@ -669,6 +669,7 @@ struct checkpoint_access {
   template <class Opt>
   static std::vector<distopt::detail::checkpoint_item> checkpoint_items(Opt& o) {
     o.sync_decisions();  // a device executor's master_ready
+    if constexpr (Opt::projects) o.proj_.pull_all(o);  // a device executor's low-rank states and projections
     std::vector<distopt::detail::checkpoint_item> out;
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
@@ -857,6 +858,7 @@ struct checkpoint_access {
         if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
         staged = {};
       }
+      o.proj_.push_all(o);  // a device executor's copies of them
     }
     o.clip_.reset();
     o.drop_step_grads();  // a half-done backward's grads and hooks belong to the params replaced

@@ -282,9 +282,9 @@ concept copies_async = requires(E& e, void* dst, const void* src, std::size_t n,
 /// lambdas that capture host references included (cpu, kokkos on a host space,
 /// emulated_device). False for an executor that declares `static constexpr bool
 /// runs_host_functions = false` (cuda): it runs device code only, the trivially copyable
-/// phases of distopt/engine/phases.hpp and the kernels of exec/cuda, so the optimizer's
-/// parts that are still host loops (GaLore's projections, Muon's Newton-Schulz) are
-/// refused on it at compile time.
+/// phases of distopt/engine/phases.hpp and the kernels of exec/cuda (GaLore's products and
+/// SVD through its detail::matrix_ops), so the optimizer's parts that are still host loops
+/// (Muon's Newton-Schulz) are refused on it at compile time.
 template <class E>
 inline constexpr bool runs_host_functions = true;
 template <class E>

@@ -296,14 +296,9 @@ class optimizer {
   static_assert(!orthogonalizes || (host_memory<Exec> && !is_quantized && !is_layerwise && !projects),
                 "distopt::optimizer: Muon runs on executors of host memory (cpu, kokkos) with fp32 or bf16 "
                 "states (replicated or sharded); 8-bit Muon states and device executors are not built yet");
-  static_assert(host_memory<Exec> || !projects,
-                "distopt::optimizer: GaLore still needs an executor of host memory (cpu, kokkos); "
-                "on device memory (emulated_device) the element-wise and layer-wise policies run");
-  static_assert(runs_host_functions<Exec> || !projects,
-                "distopt::optimizer: on a device-only executor (distopt::cuda) the element-wise policies "
-                "(sgd, adam, adamw, lion, custom ones, with fp32, bf16 or q8 states) and the layer-wise ones "
-                "(lamb, adafactor, came) run; the GaLore engine is still a host loop (it runs on cpu, kokkos "
-                "and emulated_device)");
+  static_assert(host_memory<Exec> || !projects || !is_quantized,
+                "distopt::optimizer: GaLore with 8-bit states runs on executors of host memory (cpu, kokkos); "
+                "on device executors (emulated_device, cuda) its states are fp32 or bf16");
   static_assert(!collectives_in_device_memory<Comm> || !host_memory<Exec>,
                 "distopt::optimizer: a communicator of device memory (nccl) needs an executor of device "
                 "memory (distopt::cuda); on cpu and kokkos use single, threads, mpi or any_comm");
@@ -544,7 +539,7 @@ class optimizer {
   const auto& projector(std::string_view name) const
     requires projects
   {
-    return proj_.matrix_of(*this, name).proj;
+    return proj_.projector_of(*this, name);
   }
   /// This rank's part of state slot `k` of tensor `name`, decoded to fp32 (any encoding;
   /// q8 codes read back as map[code] * absmax).
@@ -887,7 +882,7 @@ class optimizer {
   friend struct io::checkpoint_access;
   template <class, class, class>
   friend struct detail::layer_engine;
-  template <class, class>
+  template <class, class, class>
   friend struct detail::projection_engine;
   template <class, class>
   friend struct detail::muon_engine;
@@ -1463,13 +1458,13 @@ class optimizer {
   /// `*req` when given and the communicator can, with `*scope` holding the executor's
   /// memory open until it is waited for; else blocking (staged through host memory where
   /// the communicator cannot reach the executor's).
-  void all_gather_exec(std::span<const param_type> in, std::span<param_type> out, comm_request* req,
-                       collective_hold* scope) {
+  template <class T>
+  void all_gather_exec(std::span<const T> in, std::span<T> out, comm_request* req, collective_hold* scope) {
     if constexpr (stages_collectives) {
-      const std::span<param_type> host_in = staged<param_type>(stage_in_, in.size());
-      const std::span<param_type> host_out = staged<param_type>(stage_out_, out.size());
+      const std::span<T> host_in = staged<T>(stage_in_, in.size());
+      const std::span<T> host_out = staged<T>(stage_out_, out.size());
       detail::copy_bytes(exec_, host_in.data(), in.data(), in.size_bytes());
-      comm_.all_gather(std::span<const param_type>(host_in), host_out);
+      comm_.all_gather(std::span<const T>(host_in), host_out);
       detail::copy_bytes(exec_, out.data(), host_out.data(), out.size_bytes());
       return;
     }
@@ -1648,8 +1643,8 @@ class optimizer {
     u.slots = slots;
     u.tensor_scale = tensor_scale;
     if constexpr (projects) {
-      u.matrix_index = proj_.matrix_index_.data();
-      u.state_at = proj_.state_offset_.data() + b.first_piece;
+      u.matrix_index = proj_.matrix_index_x_;
+      u.state_at = proj_.state_offset_x_ + b.first_piece;
     } else if constexpr (orthogonalizes) {
       u.matrix_index = ortho_.matrix_index_.data();
       u.state_at = ortho_.state_offset_.data() + b.first_piece;
@@ -1913,7 +1908,7 @@ class optimizer {
   detail::params_listener params_done_;  // offload, while its step runs: told of each bucket updated
   std::size_t params_told_ = 0;          // buckets params_done_ was told of in this step
   // GaLore only (detail/projection_engine.hpp).
-  std::conditional_t<projects, detail::projection_engine<Policy, state_type>, detail::no_engine> proj_;
+  std::conditional_t<projects, detail::projection_engine<Policy, state_type, Exec>, detail::no_engine> proj_;
   // Muon only (detail/muon_engine.hpp).
   std::conditional_t<orthogonalizes, detail::muon_engine<Policy, state_type>, detail::no_engine> ortho_;
   // Layer-wise policies only (detail/layer_engine.hpp).

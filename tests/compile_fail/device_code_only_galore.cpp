@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// Expected to fail to compile with: "the GaLore engine is still a host loop".
-// An executor that runs device code only (as distopt::cuda) takes the element-wise, 8-bit
-// and layer-wise phases; GaLore, whose engine is still a host loop, is refused with a
-// message that says what runs there.
+// Expected to fail to compile with: "GaLore's matrix products and SVD on this executor of device code only".
+// An executor that runs device code only (as distopt::cuda) runs GaLore's products and SVD
+// through its detail::matrix_ops: distopt::cuda's are in exec/cuda/matrix_ops.cuh. Without
+// them GaLore is refused with a message that names that header.
 #include <distopt/distopt.hpp>
 #include <distopt/policy/galore_adamw.hpp>
 

@@ -346,6 +346,14 @@ BOOST_AUTO_TEST_CASE(device_memory_adafactor_beta1_bf16) {
                                                                       {h}, {}, 3, 3);
 }
 
+#ifdef DISTOPT_TEST_GALORE
+// GaLore's low-rank states and projections live in device buffers; the checkpoint copies
+// them through the host mirror (saved after step 4, between the refreshes at 3 and 6).
+BOOST_AUTO_TEST_CASE(device_memory_galore_adamw) {
+  check_device_interchange<galore_adamw, sharded<fp32>>("device-galore", galore_layout(), galore_groups(), {}, 4, 4);
+}
+#endif
+
 // A communicator of device memory (device_threads, as nccl): the checkpoint's agreement
 // (the ranks' maxima and all-gathers) reaches it through device scratch, as the layout
 // check and the statistics wires do.

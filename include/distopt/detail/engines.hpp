@@ -25,7 +25,7 @@ template <class Policy, class Exec>
 struct q8_engine;
 
 struct projection_engine_tag {};
-template <class Policy, class State>
+template <class Policy, class State, class Exec>
 struct projection_engine;
 
 struct muon_engine_tag {};

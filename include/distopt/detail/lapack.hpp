@@ -275,4 +275,12 @@ thin_svd<T> svd_thin(std::span<const T> a, std::int64_t m, std::int64_t n) {
   return out;
 }
 
+/// GaLore's projection factors from a thin SVD: Q = U[:, :r] (m x r) into `q` and P =
+/// Vh[:r, :] (r x n) into `p`, row-major; a null pointer skips that factor.
+inline void take_factors(const thin_svd<float>& f, std::int64_t r, float* q, float* p) {
+  if (q)
+    for (std::int64_t i = 0; i < f.m; ++i) std::copy_n(f.u.begin() + i * f.k, r, q + i * r);
+  if (p) std::copy_n(f.vh.begin(), r * f.n, p);
+}
+
 }  // namespace distopt::detail

@@ -11,6 +11,12 @@
 /// applies the update to its own elements of the master weights / params. With `owned`
 /// storage each matrix lies whole on one rank: its grads are reduced there, nothing is
 /// gathered, and one rank in the job computes its SVD and keeps its low-rank states.
+///
+/// On a device executor (emulated_device, cuda) the same steps run on the executor's
+/// memory: the grads' scaling, the low-rank Adam and the update as phases (below), the
+/// products and the SVD through matrix_ops<Exec> (cuBLAS and cuSOLVER on cuda), with the
+/// low-rank states and the projection in device buffers. The host keeps a mirror of both,
+/// filled by explicit copies when a checkpoint, projected_state or projector reads them.
 
 #include <algorithm>
 #include <array>
@@ -24,12 +30,15 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../engine/phases.hpp"
+#include "../exec/transfer.hpp"
 #include "../layout/registry.hpp"
 #include "../memory_report.hpp"
 #include "../shard_view.hpp"
 #include "../types/rounding.hpp"
 #include "buffer.hpp"
 #include "engines.hpp"
+#include "matrix_ops.hpp"
 #include "q8_engine.hpp"
 #include "q8_loop.hpp"
 #include "shard_plan.hpp"
@@ -37,12 +46,71 @@
 
 namespace distopt::detail {
 
+/// data[e] *= scale (a projected matrix's scaled grads, its update times GaLore's scale).
+struct scale_phase : chunked {
+  float* data = nullptr;
+  float scale = 1.0f;
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    float* d = data + c * chunk;
+    for (std::size_t i = first; i < last; ++i) d[i] = d[i] * scale;
+  }
+};
+
+/// Adam on the projected gradient: low[e] becomes Policy::moments of it and the two fp32
+/// low-rank states.
+template <class Policy>
+struct low_rank_moments_phase : chunked {
+  typename Policy::scalars s{};
+  float* low = nullptr;
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const std::size_t at = c * chunk;
+    for (std::size_t i = at + first; i < at + last; ++i) {
+      float st[2] = {state0[i], state1[i]};
+      low[i] = Policy::moments(s, low[i], st);
+      state0[i] = st[0];
+      state1[i] = st[1];
+    }
+  }
+};
+
+/// The projected-back update `back` (the whole m x n matrix) applied to this rank's pieces
+/// of it, one item per piece: Policy::apply on each element's fp32 value, then stored as
+/// the update phase stores (master weights, stochastic rounding keyed by layout index).
+template <class Policy, param_mode Mode, class Param>
+struct projected_apply_phase {
+  typename Policy::scalars s{};
+  const shard_piece* pieces = nullptr;  ///< the matrix's first piece on this rank
+  std::size_t tensor_offset = 0;        ///< the matrix's first layout index
+  const float* back = nullptr;
+  Param* params = nullptr;
+  float* master = nullptr;  ///< null without master weights
+  std::uint64_t key = 0;
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return pieces[c].count; }
+  DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
+    const shard_piece& pc = pieces[c];
+    const float* u = back + (pc.layout - tensor_offset);
+    Param* p = params + pc.buffer;
+    float* m = master ? master + pc.local : nullptr;
+    for (std::size_t e = first; e < last; ++e) {
+      float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
+      Policy::apply(s, value, u[e]);
+      store_param<Mode>(p, m, e, value, key, pc.layout);
+    }
+  }
+};
+
 /// The projected part of an optimizer<Policy, ...> with element states of type State
-/// (float, bf16, or q8: codes for the low-rank states of at least min_8bit_size elements).
-/// Its functions take the optimizer (whose friend it is).
-template <class Policy, class State>
+/// (float, bf16, or q8: codes for the low-rank states of at least min_8bit_size elements)
+/// on executor Exec. Its functions take the optimizer (whose friend it is).
+template <class Policy, class State, class Exec>
 struct projection_engine {
   using projector_type = typename matrix_projector<Policy>::type;
+  /// The states and the projection live in device buffers (device_matrix); the host's are
+  /// a mirror.
+  static constexpr bool on_device = !host_memory<Exec>;
+  static_assert(sizeof(matrix_ops<Exec>) > 0);  // its check: the executor's matrix operations are included
   struct projected_matrix {
     std::size_t tensor = 0;
     std::int64_t m = 0, n = 0;
@@ -50,6 +118,13 @@ struct projection_engine {
     std::array<std::vector<float>, 2> state;  // fp32 low-rank states
     std::array<std::vector<std::uint8_t>, 2> codes;  // q8 instead (at least min_8bit_size elements)
     std::array<std::vector<float>, 2> absmax;
+  };
+  /// A projected matrix's device memory (device executors; empty on other ranks' matrices).
+  struct device_matrix {
+    std::array<buffer<float, Exec>, 2> state;  // the low-rank states
+    buffer<float, Exec> q, p;                  // the projection's factors (by side)
+    bool ready = false;         // a projection has been computed (galore_projector::has_ortho)
+    bool host_current = true;   // proj's factors on the host are the device's
   };
 
   /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
@@ -97,6 +172,7 @@ struct projection_engine {
         throw std::invalid_argument(std::string(Policy::name) + ": tensor '" + t.name +
                                     "' is split over tensor-parallel ranks; projecting it needs the whole matrix");
       projected_matrix pm{i, t.shape[0], t.shape[1], projector_type(h), {}, {}, {}};
+      device_matrix dm;
       const auto low = pm.proj.low_rank_shape(pm.m, pm.n);  // checks the rank against the shape
       // Its low-rank states live on the ranks that hold part of it.
       const bool held = !o.plan_.pieces_of(i).empty();
@@ -108,9 +184,17 @@ struct projection_engine {
         }
       } else if (held) {
         for (auto& st : pm.state) st.assign(ln, 0.0f);
+        if constexpr (on_device) {
+          for (auto& st : dm.state) st = buffer<float, Exec>(o.exec_, ln);
+          const auto side = pm.proj.side_for(pm.m, pm.n);
+          const std::int64_t r = pm.proj.rank();
+          if (side != decltype(side)::right) dm.q = buffer<float, Exec>(o.exec_, static_cast<std::size_t>(pm.m * r));
+          if (side != decltype(side)::left) dm.p = buffer<float, Exec>(o.exec_, static_cast<std::size_t>(r * pm.n));
+        }
       }
       matrix_index_[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
+      if constexpr (on_device) device_.push_back(std::move(dm));
     }
     ortho_staging_.resize(matrices_.size());
     if (!matrices_.empty() && o.reduces_in_fp32())
@@ -126,6 +210,63 @@ struct projection_engine {
       }
     if constexpr (!Opt::is_quantized)  // q8: q8_engine::init allocates the element states
       for (int k = 0; k < o.slots_; ++k) o.states_[k] = detail::buffer<State, typename Opt::executor_type>(o.exec_, size);
+    matrix_index_x_ = o.in_exec(matrix_index_, matrix_index_dev_);
+    state_offset_x_ = o.in_exec(state_offset_, state_offset_dev_);
+  }
+
+  /// The projector of matrix `name`, its factors copied from the device first where the
+  /// device's are newer.
+  template <class Opt>
+  const projector_type& projector_of(const Opt& o, std::string_view name) const {
+    const projected_matrix& pm = matrix_of(o, name);
+    if constexpr (on_device) pull(o, static_cast<std::size_t>(matrix_index_[pm.tensor]), false);
+    return pm.proj;
+  }
+
+  /// Device executors: copies matrix j's projection (when the device's is newer) and, with
+  /// `states`, its low-rank states into the host mirror (checkpoints read it).
+  template <class Opt>
+  void pull(const Opt& o, std::size_t j, bool states) const {
+    if constexpr (on_device) {
+      projected_matrix& pm = matrices_[j];
+      device_matrix& dm = device_[j];
+      if (!dm.ready || (dm.host_current && !states)) return;
+      Exec& e = o.exec_;  // mutable in the optimizer: a handle
+      if (states)
+        for (int k = 0; k < 2; ++k)
+          copy_bytes(e, pm.state[k].data(), dm.state[k].data(), pm.state[k].size() * sizeof(float));
+      if (!dm.host_current) {
+        std::vector<float> q(dm.q.size()), p(dm.p.size());
+        copy_bytes(e, q.data(), dm.q.data(), q.size() * sizeof(float));
+        copy_bytes(e, p.data(), dm.p.data(), p.size() * sizeof(float));
+        pm.proj.set_ortho(pm.m, pm.n, std::move(q), std::move(p));
+        dm.host_current = true;
+      }
+    }
+  }
+  template <class Opt>
+  void pull_all(const Opt& o) const {
+    for (std::size_t j = 0; j < device_.size(); ++j) pull(o, j, true);
+  }
+
+  /// Device executors: copies the host mirror (a checkpoint just installed there) to the
+  /// device: the low-rank states, and the projection if the checkpoint had one.
+  template <class Opt>
+  void push_all(Opt& o) {
+    if constexpr (on_device) {
+      for (std::size_t j = 0; j < device_.size(); ++j) {
+        projected_matrix& pm = matrices_[j];
+        device_matrix& dm = device_[j];
+        for (int k = 0; k < 2; ++k)
+          copy_bytes(o.exec_, dm.state[k].data(), pm.state[k].data(), pm.state[k].size() * sizeof(float));
+        dm.ready = pm.proj.has_ortho();
+        if (dm.ready) {
+          copy_bytes(o.exec_, dm.q.data(), pm.proj.left().data(), dm.q.size() * sizeof(float));
+          copy_bytes(o.exec_, dm.p.data(), pm.proj.right().data(), dm.p.size() * sizeof(float));
+        }
+        dm.host_current = true;
+      }
+    }
   }
 
   /// State slot `k` of matrix `name`'s low-rank states, decoded to fp32.
@@ -133,6 +274,12 @@ struct projection_engine {
   std::vector<float> state_values(const Opt& o, std::string_view name, int k) const {
     const projected_matrix& pm = matrix_of(o, name);
     const std::size_t slot = static_cast<std::size_t>(k);
+    if constexpr (on_device) {
+      const device_matrix& dm = device_[static_cast<std::size_t>(matrix_index_[pm.tensor])];
+      std::vector<float> out(dm.state[slot].size());
+      copy_bytes(o.exec_, out.data(), dm.state[slot].data(), out.size() * sizeof(float));
+      return out;
+    }
     if (pm.codes[slot].empty()) return pm.state[slot];
     std::vector<float> out(pm.codes[slot].size());
     decode_blocks(q8_slot_codebook<Policy>(k).values().data(), pm.codes[slot].data(), pm.absmax[slot].data(), out.size(),
@@ -141,11 +288,12 @@ struct projection_engine {
   }
 
   template <class Opt>
-  shard_view<const State> local_state(const Opt& o, std::string_view name, int k) const {
+  shard_view<const State, typename Opt::memory_space> local_state(const Opt& o, std::string_view name, int k) const {
     const std::size_t i = o.index_of(name);
     const detail::piece_range r = o.plan_.pieces_of(i);
     if (matrix_index_[i] >= 0 || r.empty()) return {};
-    return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], o.plan_.local_count(i)),
+    return {span_in<const State, typename Opt::memory_space>(o.states_[k].data() + state_offset_[r.first],
+                                                             o.plan_.local_count(i)),
             o.plan_.pieces()[r.first].layout - o.layout_.tensors()[i].offset};
   }
 
@@ -159,8 +307,8 @@ struct projection_engine {
     if (!any) return;
     if (Opt::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
       typename Opt::grad_type* g = o.grads_.data() + b.buffer_begin;
-      o.comm_.all_gather(std::span<const typename Opt::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
-                       std::span<typename Opt::grad_type>(g, b.padded()));
+      o.all_gather_exec(std::span<const typename Opt::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
+                        std::span<typename Opt::grad_type>(g, b.padded()), nullptr, nullptr);
     }
     const auto& pieces = o.plan_.pieces();
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
@@ -170,6 +318,10 @@ struct projection_engine {
       const tensor_slot& t = o.layout_.tensors()[i];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[i];
+      if constexpr (on_device) {
+        update_on_device<Mode>(o, static_cast<std::size_t>(matrix_index_[i]), s, scale, key, mine);
+        continue;
+      }
       const std::size_t mn = t.numel;
       const auto low_shape = pm.proj.low_rank_shape(pm.m, pm.n);
       const std::size_t ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
@@ -220,10 +372,87 @@ struct projection_engine {
     }
   }
 
-  std::vector<projected_matrix> matrices_;  // the projected matrices
+  /// One matrix's step on a device executor: project_bucket's host loop, as phases and
+  /// matrix_ops on the executor's memory, in the same order (the same bits on the
+  /// emulated device; cuBLAS and cuSOLVER sum in their own order on cuda).
+  template <param_mode Mode, class Opt>
+  void update_on_device(Opt& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
+                        piece_range mine) {
+    projected_matrix& pm = matrices_[j];
+    device_matrix& dm = device_[j];
+    Exec& e = o.exec_;
+    const tensor_slot& t = o.layout_.tensors()[pm.tensor];
+    const std::int64_t m = pm.m, n = pm.n, r = pm.proj.rank();
+    const auto side = pm.proj.side_for(m, n);
+    const auto low_shape = pm.proj.low_rank_shape(m, n);
+    const std::size_t mn = t.numel, ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
+    const std::size_t tmp = side == decltype(side)::full ? static_cast<std::size_t>(std::max(r * n, m * r)) : 0;
+    if (work_dev_.size() < 2 * mn + ln + tmp) work_dev_ = buffer<float, Exec>(e, 2 * mn + ln + tmp);
+    float* full = work_dev_.data();
+    float* low = full + mn;
+    float* back = low + ln;
+    float* between = back + mn;
+    constexpr std::size_t chunk = 4096;
+    const auto scale_all = [&](float* data, std::size_t count, float by) {
+      if (by == 1.0f) return;  // x * 1 is x
+      scale_phase sp;
+      sp.n = count;
+      sp.chunk = chunk;
+      sp.data = data;
+      sp.scale = by;
+      launch(e, sp.items(), sp);
+    };
+    widen_phase<typename Opt::grad_type> w;
+    w.n = mn;
+    w.chunk = chunk;
+    w.src = o.grads_.data() + o.plan_.tensor_buffer(pm.tensor);
+    w.dst = full;
+    launch(e, w.items(), w);
+    scale_all(full, mn, scale);
+    if (!dm.ready || (o.step_ - 1) % pm.proj.update_proj_gap() == 0) {  // galore_projector::refresh_due
+      matrix_ops<Exec>::svd_factors(e, full, m, n, r, dm.q.size() ? dm.q.data() : nullptr,
+                                    dm.p.size() ? dm.p.data() : nullptr);
+      dm.ready = true;
+      dm.host_current = false;
+    }
+    const auto gemm = [&e](bool ta, bool tb, std::int64_t rows, std::int64_t cols, std::int64_t inner, const float* a,
+                           std::int64_t lda, const float* b, std::int64_t ldb, float* c) {
+      matrix_ops<Exec>::gemm(e, ta, tb, rows, cols, inner, a, lda, b, ldb, c);
+    };
+    projector_type::project_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), full, low, between);
+    low_rank_moments_phase<Policy> mo;
+    mo.n = ln;
+    mo.chunk = chunk;
+    mo.s = s;
+    mo.low = low;
+    mo.state0 = dm.state[0].data();
+    mo.state1 = dm.state[1].data();
+    launch(e, mo.items(), mo);
+    projector_type::project_back_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), low, back, between);
+    scale_all(back, mn, static_cast<float>(pm.proj.scale()));  // tensor * Python float: a float multiply
+    projected_apply_phase<Policy, Mode, typename Opt::param_type> ap;
+    ap.s = s;
+    ap.pieces = o.exec_pieces() + mine.first;
+    ap.tensor_offset = t.offset;
+    ap.back = back;
+    ap.params = o.params_.data();
+    ap.master = o.uses_master() ? o.master_.data() : nullptr;
+    ap.key = key;
+    launch(e, mine.end - mine.first, ap);
+  }
+
+  // mutable: a device executor's projection and states are copied into the host mirror
+  // when read (pull), through const accessors too.
+  mutable std::vector<projected_matrix> matrices_;  // the projected matrices
+  mutable std::vector<device_matrix> device_;       // their device memory (device executors)
   std::vector<int> matrix_index_;           // per tensor, its index in matrices_ or -1
   std::vector<std::size_t> state_offset_;   // per piece, offset in the compact states
+  const int* matrix_index_x_ = nullptr;          // matrix_index_ where the executor reads it
+  const std::size_t* state_offset_x_ = nullptr;  // state_offset_ likewise
+  buffer<int, Exec> matrix_index_dev_;           // their copies in device memory
+  buffer<std::size_t, Exec> state_offset_dev_;
   std::vector<float> work_;                 // gradient, low-rank and update of one matrix
+  buffer<float, Exec> work_dev_;            // the same on a device executor (and a product between)
   std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // projections being loaded
 };
 

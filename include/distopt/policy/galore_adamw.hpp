@@ -368,12 +368,9 @@ class galore_projector {
       throw std::invalid_argument("galore_projector::refresh: SVD factors do not match an " +
                                   dims(m, n) + " matrix");
     const galore_side side = side_for(m, n);
-    std::vector<float> q, p;
-    if (side != galore_side::right) {
-      q.resize(static_cast<std::size_t>(m * r));
-      for (std::int64_t i = 0; i < m; ++i) std::copy_n(f.u.begin() + i * k, r, q.begin() + i * r);
-    }
-    if (side != galore_side::left) p.assign(f.vh.begin(), f.vh.begin() + r * n);
+    std::vector<float> q(side != galore_side::right ? static_cast<std::size_t>(m * r) : 0);
+    std::vector<float> p(side != galore_side::left ? static_cast<std::size_t>(r * n) : 0);
+    detail::take_factors(f, r, q.empty() ? nullptr : q.data(), p.empty() ? nullptr : p.data());
     set_ortho(m, n, std::move(q), std::move(p));
   }
 
@@ -414,21 +411,8 @@ class galore_projector {
   /// `low` (low_rank_shape(m, n) elements, row-major).
   void project(const float* g, float* low) const {
     require_ready("project");
-    const std::int64_t m = m_, n = n_, r = rank_;
-    switch (side_) {
-      case galore_side::right:  // torch.matmul(G, P.t())
-        detail::sgemm_row_major(false, true, m, r, n, g, n, p_.data(), n, low);
-        break;
-      case galore_side::left:  // torch.matmul(Q.t(), G)
-        detail::sgemm_row_major(true, false, r, n, m, q_.data(), r, g, n, low);
-        break;
-      case galore_side::full: {  // torch.matmul(Q.t(), G) @ P.t()
-        std::vector<float> tmp(static_cast<std::size_t>(r * n));
-        detail::sgemm_row_major(true, false, r, n, m, q_.data(), r, g, n, tmp.data());
-        detail::sgemm_row_major(false, true, r, r, n, tmp.data(), n, p_.data(), n, low);
-        break;
-      }
-    }
+    std::vector<float> tmp(side_ == galore_side::full ? static_cast<std::size_t>(rank_ * n_) : 0);
+    project_products(host_gemm, side_, m_, n_, rank_, q_.data(), p_.data(), g, low, tmp.data());
   }
 
   /// `full` (m x n) = project_back(`low`) * scale. Which side multiplies follows
@@ -437,27 +421,59 @@ class galore_projector {
   /// with the side of the projection.
   void project_back(const float* low, float* full) const {
     require_ready("project_back");
-    const std::int64_t m = m_, n = n_, r = rank_;
-    switch (side_) {
-      case galore_side::right:  // torch.matmul(N, P)
-        detail::sgemm_row_major(false, false, m, n, r, low, r, p_.data(), n, full);
-        break;
-      case galore_side::left:  // torch.matmul(Q, N)
-        detail::sgemm_row_major(false, false, m, n, r, q_.data(), r, low, n, full);
-        break;
-      case galore_side::full: {  // torch.matmul(Q, N) @ P
-        std::vector<float> tmp(static_cast<std::size_t>(m * r));
-        detail::sgemm_row_major(false, false, m, r, r, q_.data(), r, low, r, tmp.data());
-        detail::sgemm_row_major(false, false, m, n, r, tmp.data(), r, p_.data(), n, full);
-        break;
-      }
-    }
+    std::vector<float> tmp(side_ == galore_side::full ? static_cast<std::size_t>(m_ * rank_) : 0);
+    project_back_products(host_gemm, side_, m_, n_, rank_, q_.data(), p_.data(), low, full, tmp.data());
     const float scale = static_cast<float>(scale_);  // tensor * Python float: a float multiply
     if (scale != 1.0f)
-      for (std::int64_t i = 0; i < m * n; ++i) full[i] = full[i] * scale;
+      for (std::int64_t i = 0; i < m_ * n_; ++i) full[i] = full[i] * scale;
+  }
+
+  /// The products of project() with the factors `q` (m x r) and `p` (r x n) in any memory,
+  /// in galore-torch's association order, through `gemm(trans_a, trans_b, rows, cols,
+  /// inner, a, lda, b, ldb, c)`: row-major c = op(a) op(b) with rows `cols` apart
+  /// (detail::sgemm_row_major's meaning). `tmp`: r x n floats for the full side. project()
+  /// runs them on the host, the optimizer's projection engine on a device executor's memory.
+  template <class Gemm>
+  static void project_products(Gemm&& gemm, galore_side side, std::int64_t m, std::int64_t n, std::int64_t r,
+                               const float* q, const float* p, const float* g, float* low, float* tmp) {
+    switch (side) {
+      case galore_side::right:  // torch.matmul(G, P.t())
+        gemm(false, true, m, r, n, g, n, p, n, low);
+        break;
+      case galore_side::left:  // torch.matmul(Q.t(), G)
+        gemm(true, false, r, n, m, q, r, g, n, low);
+        break;
+      case galore_side::full:  // torch.matmul(Q.t(), G) @ P.t()
+        gemm(true, false, r, n, m, q, r, g, n, tmp);
+        gemm(false, true, r, r, n, tmp, n, p, n, low);
+        break;
+    }
+  }
+
+  /// The products of project_back() (without the scale), as project_products; `tmp`: m x r
+  /// floats for the full side.
+  template <class Gemm>
+  static void project_back_products(Gemm&& gemm, galore_side side, std::int64_t m, std::int64_t n, std::int64_t r,
+                                    const float* q, const float* p, const float* low, float* full, float* tmp) {
+    switch (side) {
+      case galore_side::right:  // torch.matmul(N, P)
+        gemm(false, false, m, n, r, low, r, p, n, full);
+        break;
+      case galore_side::left:  // torch.matmul(Q, N)
+        gemm(false, false, m, n, r, q, r, low, n, full);
+        break;
+      case galore_side::full:  // torch.matmul(Q, N) @ P
+        gemm(false, false, m, r, r, q, r, low, r, tmp);
+        gemm(false, false, m, n, r, tmp, r, p, n, full);
+        break;
+    }
   }
 
  private:
+  static void host_gemm(bool trans_a, bool trans_b, std::int64_t rows, std::int64_t cols, std::int64_t inner,
+                        const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float* c) {
+    detail::sgemm_row_major(trans_a, trans_b, rows, cols, inner, a, lda, b, ldb, c);
+  }
   static std::string dims(std::int64_t m, std::int64_t n) {
     return std::to_string(m) + " x " + std::to_string(n);
   }
