@@ -8,13 +8,16 @@
 #   bench/gpu/build.sh                      # here: builds build-gpu/bundle
 #   device run, carry ["build-gpu/bundle"]:  bash build-gpu/bundle/run.sh
 # CUDA_ARCH (default 90) and BUILD_DIR (default build-gpu) override the defaults.
+# COMPILE_ONLY=1 (CI's CUDA stage) leaves out the host halves that run.sh compares the GPU
+# with and that CI's release stage compiles already: distopt-replay's single mode and the
+# trainer's CPU optimizers. Such a folder is for the checks here, not for carrying.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 arch=${CUDA_ARCH:-90}
 build=${BUILD_DIR:-build-gpu}
 bundle=$build/bundle
 programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/test_cuda_layerwise
-          tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
+          tests/cuda/test_cuda_galore tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
           bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay
           examples/fashion_mnist/distopt-fashion-mnist)
 
@@ -24,9 +27,12 @@ programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/
 # in the release stage's ctest, and cost about half of each policy's host compile.
 # distopt-fashion-mnist with the CPU optimizer run.sh trains beside the GPU (adamw; about 90 s
 # of compile each: --backend cuda takes adamw and adafactor from train_cuda.cu either way).
+# It and test_cuda_galore (GaLore's CPU reference) link OpenBLAS statically.
+replay_modes="single;cuda" fmnist_optimizers=adamw
+[ "${COMPILE_ONLY:-0}" = 1 ] && replay_modes=cuda fmnist_optimizers=
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DDISTOPT_BUILD_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_LAPACK=ON -DDISTOPT_STATIC_RUNTIMES=ON \
-  "-DDISTOPT_REPLAY_MODES=single;cuda" "-DDISTOPT_FASHION_MNIST_OPTIMIZERS=adamw" \
+  "-DDISTOPT_REPLAY_MODES=$replay_modes" "-DDISTOPT_FASHION_MNIST_OPTIMIZERS=$fmnist_optimizers" \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 cmake --build "$build" -j2 --target "${programs[@]##*/}"
 
@@ -40,12 +46,14 @@ sed -n '/^set(replay_ranks_cases/,/)$/p' tests/CMakeLists.txt | grep -o '"[^"]*"
 while read -r case _; do cp "tests/reference/traces/$case.trace.safetensors" "$bundle/traces/"; done < "$bundle/replay_cases.txt"
 
 # What each program may load itself there (its NEEDED entries): the C library's parts, the
-# driver, NCCL and cuBLAS (PyTorch's nvidia wheels there; their own needs come with them).
-allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl|libcublas|libcublasLt)\.so'
+# driver, NCCL, cuBLAS and cuSOLVER (PyTorch's nvidia wheels there; their own needs come
+# with them).
+allowed='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libcuda|libnccl|libcublas|libcublasLt|libcusolver)\.so'
 status=0
 {
   dirty=$(git diff --quiet HEAD -- include tests bench 2> /dev/null || echo " with uncommitted changes")
   echo "built $(date -u +%FT%TZ) at $(git rev-parse --short HEAD)$dirty for CUDA architectures $arch"
+  [ "${COMPILE_ONLY:-0}" = 1 ] && echo "COMPILE_ONLY: without the host halves run.sh compares with (not for carrying)"
   for p in "${programs[@]}"; do
     f=$bundle/${p##*/}
     needed=$(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')

@@ -2,7 +2,8 @@
 # The run half of the GPU run, on the lent GPU machine, in one call: needs nothing but the
 # folder bench/gpu/build.sh made (it builds nothing). Runs, each program under a time limit:
 # - the GPU tests: the update kernels and optimizer<..., cuda> bit for bit against the CPU
-#   executor, with threads and with nccl as its communicator; the NCCL communicator alone;
+#   executor, with threads and with nccl as its communicator; GaLore on cuda within
+#   rounding of the CPU (cuSOLVER's SVD); the NCCL communicator alone;
 #   distopt-replay --backend cuda against --backend cpu; distopt-fashion-mnist --backend
 #   cuda beside --backend cpu;
 # - the benchmarks (the update kernels alone, the optimizer's whole step, the layer-wise
@@ -41,9 +42,10 @@ python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.n
 # NCCL comes with PyTorch there (the nvidia-nccl wheel); the programs load it from its folder.
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
 [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# cuBLAS likewise (distopt-fashion-mnist --backend cuda): the folder of PyTorch's libcublas.
-cublas=$(python3 -c 'import nvidia, os, glob; print(next(iter(sorted(os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "libcublas.so*"), recursive=True))), ""))' 2> /dev/null)
-[ -n "$cublas" ] && export LD_LIBRARY_PATH="$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS and cuSOLVER likewise (distopt-fashion-mnist --backend cuda, test_cuda_galore), with
+# what cuSOLVER loads (cuSPARSE, nvJitLink): the folders of PyTorch's nvidia libraries.
+nvlibs=$(python3 -c 'import nvidia, os, glob; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "lib*.so*"), recursive=True)})))' 2> /dev/null)
+[ -n "$nvlibs" ] && export LD_LIBRARY_PATH="$nvlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 status=0
 # One test under a time limit (seconds): exit 0 passes, 77 is a skip (too few devices), 124
@@ -67,6 +69,7 @@ run_test() {
 run_test cuda.update 90 "$bundle/test_cuda_update"
 run_test cuda.optimizer 150 "$bundle/test_cuda_optimizer"
 run_test cuda.layerwise 120 "$bundle/test_cuda_layerwise"
+run_test cuda.galore 60 "$bundle/test_cuda_galore"
 run_test cuda.nccl_optimizer 120 "$bundle/test_cuda_nccl"
 run_test nccl.one_rank_plumbing 60 "$bundle/test_nccl_comm"
 run_test nccl.multi_rank 60 "$bundle/test_nccl_multi_rank"
