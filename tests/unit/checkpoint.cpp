@@ -352,6 +352,28 @@ BOOST_AUTO_TEST_CASE(device_memory_adafactor_beta1_bf16) {
 BOOST_AUTO_TEST_CASE(device_memory_galore_adamw) {
   check_device_interchange<galore_adamw, sharded<fp32>>("device-galore", galore_layout(), galore_groups(), {}, 4, 4);
 }
+
+// The checkpoint's hyper-parameters replace the optimizer's: a square matrix projects on the
+// right with std and on the left with reverse_std, its low-rank states of one size either
+// way, so an optimizer made with reverse_std takes a std checkpoint and then projects as std
+// does. (Its projection is not taken: the optimizer looks for the side it was made with, and
+// refreshes at its first step.) On the device its projection's buffers follow the side, and
+// it continues as the CPU does.
+BOOST_AUTO_TEST_CASE(device_memory_galore_side_from_the_checkpoint) {
+  layout l;
+  l.add("w", {24, 24}, dtype::f32, 1);
+  l.add("b", {24}, dtype::f32, 0);
+  const auto saved = galore_groups();
+  auto other = saved;
+  other[1].proj_type = galore_proj::reverse_std;
+  using prec = precision<float>;
+  scratch_dir dir("device-galore-side");
+  run<galore_adamw, sharded<fp32>, prec, emulated_device>(2, l, saved, {}, 0, 4, nullptr, &dir.path);
+  const snapshot on_cpu = run<galore_adamw, sharded<fp32>, prec>(1, l, other, {}, 4, 8, &dir.path, nullptr);
+  BOOST_TEST(on_cpu.step == 8);
+  BOOST_TEST((run<galore_adamw, sharded<fp32>, prec, emulated_device>(1, l, other, {}, 4, 8, &dir.path, nullptr) ==
+              on_cpu));
+}
 #endif
 
 // A communicator of device memory (device_threads, as nccl): the checkpoint's agreement

@@ -76,24 +76,51 @@ struct low_rank_moments_phase : chunked {
 };
 
 /// The projected-back update `back` (the whole m x n matrix) applied to this rank's pieces
-/// of it, one item per piece: Policy::apply on each element's fp32 value, then stored as
-/// the update phase stores (master weights, stochastic rounding keyed by layout index).
+/// of it: Policy::apply on each element's fp32 value, then stored as the update phase
+/// stores (master weights, stochastic rounding keyed by layout index). Items are runs of
+/// `chunk` elements of a piece, so that a device spreads a whole matrix (one piece when
+/// replicated) over its blocks; a matrix has a few pieces (one per rank it is cut over).
 template <class Policy, param_mode Mode, class Param>
 struct projected_apply_phase {
   typename Policy::scalars s{};
   const shard_piece* pieces = nullptr;  ///< the matrix's first piece on this rank
-  std::size_t tensor_offset = 0;        ///< the matrix's first layout index
+  std::size_t piece_count = 0;          ///< its pieces on this rank
+  std::size_t chunk = 4096;
+  std::size_t tensor_offset = 0;  ///< the matrix's first layout index
   const float* back = nullptr;
   Param* params = nullptr;
   float* master = nullptr;  ///< null without master weights
   std::uint64_t key = 0;
-  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return pieces[c].count; }
+
+  /// Items over all the pieces.
+  std::size_t items(const shard_piece* host_pieces) const noexcept {
+    std::size_t n = 0;
+    for (std::size_t k = 0; k < piece_count; ++k) n += (host_pieces[k].count + chunk - 1) / chunk;
+    return n;
+  }
+  /// Item c's piece and its first element there.
+  struct run {
+    const shard_piece* piece;
+    std::size_t first, count;
+  };
+  DISTOPT_HD run run_of(std::size_t c) const noexcept {
+    std::size_t k = 0;
+    for (; k + 1 < piece_count; ++k) {
+      const std::size_t in_piece = (pieces[k].count + chunk - 1) / chunk;
+      if (c < in_piece) break;
+      c -= in_piece;
+    }
+    const std::size_t first = c * chunk, left = pieces[k].count - first;
+    return {pieces + k, first, left < chunk ? left : chunk};
+  }
+  DISTOPT_HD std::size_t size(std::size_t c) const noexcept { return run_of(c).count; }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {
-    const shard_piece& pc = pieces[c];
+    const run r = run_of(c);
+    const shard_piece& pc = *r.piece;
     const float* u = back + (pc.layout - tensor_offset);
     Param* p = params + pc.buffer;
     float* m = master ? master + pc.local : nullptr;
-    for (std::size_t e = first; e < last; ++e) {
+    for (std::size_t e = r.first + first; e < r.first + last; ++e) {
       float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
       Policy::apply(s, value, u[e]);
       store_param<Mode>(p, m, e, value, key, pc.layout);
@@ -128,22 +155,48 @@ struct projection_engine {
   };
 
   /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
-  /// absmax), projection and one m x n work buffer (the largest) that every rank holding
-  /// the matrix keeps. The element states of the other tensors are reported as usual.
+  /// absmax), projection and one work buffer (the largest) that every rank holding the
+  /// matrix keeps. The element states of the other tensors are reported as usual.
   template <class Opt>
   void add_memory(const Opt&, memory_report& r) const {
     std::size_t states = 0, projections = 0, work = 0;
-    for (const auto& t : matrices_) {
+    for (std::size_t j = 0; j < matrices_.size(); ++j) {
+      const projected_matrix& t = matrices_[j];
       if (t.state[0].empty() && t.codes[0].empty()) continue;  // another rank's matrix
       for (int k = 0; k < 2; ++k)
         states += t.state[k].size() * sizeof(float) + t.codes[k].size() + t.absmax[k].size() * sizeof(float);
-      projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);  // after the first step
-      const auto low = t.proj.low_rank_shape(t.m, t.n);
-      work = std::max(work, static_cast<std::size_t>(2 * t.m * t.n + low[0] * low[1]) * sizeof(float));
+      if constexpr (on_device)  // allocated with the states
+        projections += (device_[j].q.size() + device_[j].p.size()) * sizeof(float);
+      else  // after the first step
+        projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);
+      work = std::max(work, work_floats(t) * sizeof(float));
     }
     r.entries.push_back({"state projected", states});
     r.entries.push_back({"projections", projections});
     r.entries.push_back({"projection work", work});
+  }
+
+  /// The floats of one matrix's work buffer: its grads and its update (m x n each) and its
+  /// projection (low-rank); on a device also the product between the full side's two.
+  static std::size_t work_floats(const projected_matrix& pm) {
+    const auto low = pm.proj.low_rank_shape(pm.m, pm.n);
+    std::size_t n = static_cast<std::size_t>(2 * pm.m * pm.n + low[0] * low[1]);
+    if (on_device && pm.proj.side_for(pm.m, pm.n) == decltype(pm.proj.side_for(0, 0))::full)
+      n += static_cast<std::size_t>(std::max(pm.proj.rank() * pm.n, pm.m * pm.proj.rank()));
+    return n;
+  }
+
+  /// Device executors: the factor buffers of matrix pm for its projector's side and rank
+  /// (Q m x r, P r x n, by side), made at init and remade when a checkpoint's hyper-parameters
+  /// change the side.
+  template <class Opt>
+  static void size_factors(Opt& o, const projected_matrix& pm, device_matrix& dm) {
+    const auto side = pm.proj.side_for(pm.m, pm.n);
+    const std::int64_t r = pm.proj.rank();
+    const std::size_t q = side != decltype(side)::right ? static_cast<std::size_t>(pm.m * r) : 0;
+    const std::size_t p = side != decltype(side)::left ? static_cast<std::size_t>(r * pm.n) : 0;
+    if (dm.q.size() != q) dm.q = q ? buffer<float, Exec>(o.exec_, q) : buffer<float, Exec>();
+    if (dm.p.size() != p) dm.p = p ? buffer<float, Exec>(o.exec_, p) : buffer<float, Exec>();
   }
 
   template <class Opt>
@@ -186,10 +239,7 @@ struct projection_engine {
         for (auto& st : pm.state) st.assign(ln, 0.0f);
         if constexpr (on_device) {
           for (auto& st : dm.state) st = buffer<float, Exec>(o.exec_, ln);
-          const auto side = pm.proj.side_for(pm.m, pm.n);
-          const std::int64_t r = pm.proj.rank();
-          if (side != decltype(side)::right) dm.q = buffer<float, Exec>(o.exec_, static_cast<std::size_t>(pm.m * r));
-          if (side != decltype(side)::left) dm.p = buffer<float, Exec>(o.exec_, static_cast<std::size_t>(r * pm.n));
+          size_factors(o, pm, dm);
         }
       }
       matrix_index_[i] = static_cast<int>(matrices_.size());
@@ -257,6 +307,8 @@ struct projection_engine {
       for (std::size_t j = 0; j < device_.size(); ++j) {
         projected_matrix& pm = matrices_[j];
         device_matrix& dm = device_[j];
+        if (dm.state[0].size() == 0) continue;  // another rank's matrix
+        size_factors(o, pm, dm);  // the checkpoint's proj_type may project on another side
         for (int k = 0; k < 2; ++k)
           copy_bytes(o.exec_, dm.state[k].data(), pm.state[k].data(), pm.state[k].size() * sizeof(float));
         dm.ready = pm.proj.has_ortho();
@@ -386,8 +438,7 @@ struct projection_engine {
     const auto side = pm.proj.side_for(m, n);
     const auto low_shape = pm.proj.low_rank_shape(m, n);
     const std::size_t mn = t.numel, ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
-    const std::size_t tmp = side == decltype(side)::full ? static_cast<std::size_t>(std::max(r * n, m * r)) : 0;
-    if (work_dev_.size() < 2 * mn + ln + tmp) work_dev_ = buffer<float, Exec>(e, 2 * mn + ln + tmp);
+    if (work_dev_.size() < work_floats(pm)) work_dev_ = buffer<float, Exec>(e, work_floats(pm));
     float* full = work_dev_.data();
     float* low = full + mn;
     float* back = low + ln;
@@ -433,12 +484,13 @@ struct projection_engine {
     projected_apply_phase<Policy, Mode, typename Opt::param_type> ap;
     ap.s = s;
     ap.pieces = o.exec_pieces() + mine.first;
+    ap.piece_count = mine.end - mine.first;
     ap.tensor_offset = t.offset;
     ap.back = back;
     ap.params = o.params_.data();
     ap.master = o.uses_master() ? o.master_.data() : nullptr;
     ap.key = key;
-    launch(e, mine.end - mine.first, ap);
+    launch(e, ap.items(o.plan_.pieces().data() + mine.first), ap);
   }
 
   // mutable: a device executor's projection and states are copied into the host mirror

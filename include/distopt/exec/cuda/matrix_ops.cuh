@@ -130,10 +130,12 @@ struct detail::matrix_ops<cuda> {
       cuda_exec::check_cublas(cublasSgeam(h.blas, CUBLAS_OP_T, CUBLAS_OP_N, irows, ik, &one, g, ik, &zero, a, irows, a,
                                           irows),
                               "cublasSgeam (SVD input)");
-    signed char job = 'S';
-    cuda_exec::check_cusolver(cusolverDnSgesvd(h.solver, job, job, irows, ik, a, irows, scratch.data() + s_at, u, irows,
-                                               vt, ik, scratch.data() + work_at, lwork, scratch.data() + rwork_at,
-                                               info.data()),
+    // The factors wanted: Q comes from V_A^T (wide) or U, P from U_A (wide) or V^T.
+    const bool want_u = wide ? p != nullptr : q != nullptr, want_vt = wide ? q != nullptr : p != nullptr;
+    const signed char job_u = want_u ? 'S' : 'N', job_vt = want_vt ? 'S' : 'N';
+    cuda_exec::check_cusolver(cusolverDnSgesvd(h.solver, job_u, job_vt, irows, ik, a, irows, scratch.data() + s_at, u,
+                                               irows, vt, ik, scratch.data() + work_at, lwork,
+                                               scratch.data() + rwork_at, info.data()),
                               "cusolverDnSgesvd");
     if (wide) {
       if (q)  // Q (m x r) row i: V_A^T's column i, first r values (V_A^T is m x m, column-major)
