@@ -12,6 +12,7 @@
 // Without a CUDA device the program exits 77 (ctest: skipped).
 
 #include "check_cases.hpp"
+#include "../unit/galore_cases.hpp"
 
 #include <distopt/exec/cuda/matrix_ops.cuh>
 #include <distopt/policy/galore_adamw.hpp>
@@ -39,17 +40,6 @@ layout make_layout() {
   for (const auto& c : matrices) l.add(c.name, {c.m, c.n}, dtype::f32, 1);
   l.add("bias", {30}, dtype::f32, 0);
   return l;
-}
-
-std::vector<galore_adamw::hyper_params> groups(galore_proj type) {
-  galore_adamw::hyper_params plain;
-  plain.lr = 1e-2;
-  plain.weight_decay = 0.05;
-  galore_adamw::hyper_params g = plain;
-  g.rank = 4;
-  g.scale = 0.5;
-  g.proj_type = type;  // update_proj_gap 200: one refresh, at the first step
-  return {plain, g};
 }
 
 /// A value in [-1, 1) from three integers (a fixed hash).
@@ -80,7 +70,7 @@ struct run_result {
 template <class Exec>
 run_result run(galore_proj type) {
   const layout l = make_layout();
-  optimizer<galore_adamw, replicated<fp32>, single, Exec> opt(l, groups(type));
+  optimizer<galore_adamw, replicated<fp32>, single, Exec> opt(l, harness::galore_groups(type, 200));  // one refresh
   for (std::size_t k = 0; k < l.tensors().size(); ++k) {
     const auto& t = l.tensors()[k];
     std::vector<float> p(t.numel);

@@ -11,6 +11,7 @@
 
 #include "emulated_harness.hpp"
 #include "executor_harness.hpp"
+#include "galore_cases.hpp"
 #include "muon_cases.hpp"
 #include "sharded_harness.hpp"
 
@@ -33,18 +34,6 @@ namespace {
 
 const char* const matrices[] = {"w0", "w1", "w2", "w3"};
 
-std::vector<galore_adamw::hyper_params> groups(galore_proj type) {
-  galore_adamw::hyper_params plain;
-  plain.lr = 1e-2;
-  plain.weight_decay = 0.05;
-  galore_adamw::hyper_params g = plain;
-  g.rank = 4;
-  g.update_proj_gap = 5;  // refreshes at steps 0, 5, 10, 15 of 20
-  g.scale = 0.5;
-  g.proj_type = type;
-  return {plain, g};
-}
-
 struct result {
   harness::outcome out;
   std::vector<std::vector<float>> projected;  // [matrix * 2 + slot]
@@ -64,7 +53,7 @@ void collect_matrices(const Opt& opt, result& r) {
 template <class Prec, class Exec>
 result run_single(galore_proj type, optimizer_options o, Exec exec) {
   const layout l = harness::matrices_and_vectors(dtype_of<typename Prec::param_type>);
-  optimizer<galore_adamw, replicated<fp32>, single, Exec, Prec> opt(l, groups(type), o, std::move(exec));
+  optimizer<galore_adamw, replicated<fp32>, single, Exec, Prec> opt(l, harness::galore_groups(type), o, std::move(exec));
   result r;
   r.out = harness::blank<decltype(opt)>(l, 2);
   harness::drive(opt, 0, harness::run_options{}, &r.out);
@@ -87,7 +76,7 @@ result run_ranks_on(int d, galore_proj type) {
   std::vector<result> per(static_cast<std::size_t>(d));
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, groups(type), o, Exec(1), std::move(comm));
+    opt_t opt(l, harness::galore_groups(type), o, Exec(1), std::move(comm));
     harness::drive(opt, rank, harness::run_options{}, rank == 0 ? &r.out : nullptr);
     harness::collect(opt, rank, r.out);
     collect_matrices(opt, per[static_cast<std::size_t>(rank)]);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "galore_cases.hpp"
 #include "muon_cases.hpp"
 #include "sharded_harness.hpp"
 
@@ -23,18 +24,6 @@ namespace {
 /// Matrices in the GaLore group (1), biases and a vector in the plain group (0); tensors
 /// straddle shard cuts, and with `bucket` small there are several buckets.
 layout make_layout(dtype t) { return harness::matrices_and_vectors(t); }
-
-std::vector<galore_adamw::hyper_params> groups(galore_proj type) {
-  galore_adamw::hyper_params plain;
-  plain.lr = 1e-2;
-  plain.weight_decay = 0.05;
-  galore_adamw::hyper_params g = plain;
-  g.rank = 4;
-  g.update_proj_gap = 5;  // refreshes at steps 0, 5, 10, 15 of 20
-  g.scale = 0.5;
-  g.proj_type = type;
-  return {plain, g};
-}
 
 struct result {
   harness::outcome out;
@@ -57,7 +46,7 @@ result run_single(galore_proj type, int threads, std::size_t min_8bit_size = 409
   const layout l = make_layout(dtype_of<typename Prec::param_type>);
   optimizer_options o;
   o.min_8bit_size = min_8bit_size;
-  optimizer<galore_adamw, replicated<Enc>, single, cpu, Prec> opt(l, groups(type), o, cpu(threads));
+  optimizer<galore_adamw, replicated<Enc>, single, cpu, Prec> opt(l, harness::galore_groups(type), o, cpu(threads));
   result r;
   r.out = harness::blank<decltype(opt)>(l, 2);
   harness::run_options ro;
@@ -80,7 +69,7 @@ result run_ranks_(int d, galore_proj type, std::size_t bucket, std::size_t min_8
   std::vector<result> per(static_cast<std::size_t>(d));
   run_ranks(d, [&](threads& comm) {
     const int rank = comm.rank();
-    opt_t opt(l, groups(type), o, cpu(1), std::move(comm));
+    opt_t opt(l, harness::galore_groups(type), o, cpu(1), std::move(comm));
     harness::run_options ro;
     harness::drive(opt, rank, ro, rank == 0 ? &r.out : nullptr);
     harness::collect(opt, rank, r.out);
@@ -144,7 +133,7 @@ BOOST_AUTO_TEST_CASE(q8_states_low_rank_and_elementwise) {
   layout l = make_layout(dtype::f32);
   optimizer_options o;
   o.min_8bit_size = 100;
-  optimizer<galore_adamw, replicated<q8>> opt(l, groups(galore_proj::std_), o);
+  optimizer<galore_adamw, replicated<q8>> opt(l, harness::galore_groups(galore_proj::std_), o);
   // codes + absmax of w0, w1, w2 (2 slots) plus fp32 states of w3.
   const std::size_t q = 2 * ((160 + 132 + 256) + 4 * (1 + 1 + 1)) + 2 * 36 * 4;
   BOOST_TEST(opt.memory().bytes("state projected") == q);
@@ -172,9 +161,9 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_grads_of_projected_buckets)
   for (int d : {2, 3, 4}) {
     const layout l = make_layout(dtype::f32);
     using opt_t = optimizer<galore_adamw, sharded<fp32>, threads>;
-    auto plain = groups(galore_proj::std_);
+    auto plain = harness::galore_groups(galore_proj::std_);
     plain[1].rank.reset();
-    const std::size_t sent = harness::three_steps_sent<opt_t>(l, groups(galore_proj::std_), d);
+    const std::size_t sent = harness::three_steps_sent<opt_t>(l, harness::galore_groups(galore_proj::std_), d);
     // Expected: per step, for each bucket holding a matrix, (d - 1) * shard * 4 bytes.
     const std::size_t extra = harness::gathered_bucket_bytes(l, d, [](const auto& t) { return t.shape.size() == 2; });
     BOOST_TEST(sent - harness::three_steps_sent<opt_t>(l, plain, d) == 3 * extra, "d = " << d);
@@ -183,7 +172,7 @@ BOOST_AUTO_TEST_CASE(communication_adds_the_gathered_grads_of_projected_buckets)
 
 BOOST_AUTO_TEST_CASE(memory_report_counts_low_rank_states_not_full_ones) {
   const layout l = make_layout(dtype::f32);
-  optimizer<galore_adamw> opt(l, groups(galore_proj::std_));
+  optimizer<galore_adamw> opt(l, harness::galore_groups(galore_proj::std_));
   const memory_report m = opt.memory();
   // Element states only for b0 (30) and norm (700); low-rank states 2 x (40*4 + 4*33 + 4*64 + 9*4).
   BOOST_TEST(m.bytes("state 0") == 730u * 4u);
@@ -199,7 +188,7 @@ BOOST_AUTO_TEST_CASE(memory_report_counts_low_rank_states_not_full_ones) {
 }
 
 BOOST_AUTO_TEST_CASE(refusals) {
-  auto h = groups(galore_proj::std_);
+  auto h = harness::galore_groups(galore_proj::std_);
   layout vec;
   vec.add("v", {100}, dtype::f32, 1);
   BOOST_CHECK_EXCEPTION((optimizer<galore_adamw>(vec, h)), std::invalid_argument, [](const std::invalid_argument& e) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "galore_cases.hpp"
 #include "muon_cases.hpp"
 #include "sharded_harness.hpp"
 
@@ -79,17 +80,6 @@ std::vector<std::size_t> three_steps_sent(const layout& l, const std::vector<typ
     sent[static_cast<std::size_t>(rank)] = opt.communicator().bytes_sent() - made;
   });
   return sent;
-}
-
-std::vector<galore_adamw::hyper_params> galore_groups() {
-  galore_adamw::hyper_params plain;
-  plain.lr = 1e-2;
-  plain.weight_decay = 0.05;
-  galore_adamw::hyper_params g = plain;
-  g.rank = 4;
-  g.update_proj_gap = 5;
-  g.scale = 0.5;
-  return {plain, g};
 }
 
 }  // namespace
@@ -200,7 +190,7 @@ BOOST_AUTO_TEST_CASE(muon_bit_identical_for_d_1_to_8_and_threads) {
 
 BOOST_AUTO_TEST_CASE(galore_bit_identical_for_d_1_to_8_and_one_svd_per_matrix) {
   const layout l = uneven_layout();
-  const auto h = galore_groups();
+  const auto h = harness::galore_groups();
   harness::run_options ro;
   ro.steps = 100;  // 20 refreshes
   const harness::outcome one = harness::run_single<galore_adamw, fp32, precision<float>>(l, h, ro);
