@@ -362,7 +362,6 @@ struct projection_engine {
       o.all_gather_exec(std::span<const typename Opt::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
                         std::span<typename Opt::grad_type>(g, b.padded()), nullptr, nullptr);
     }
-    const auto& pieces = o.plan_.pieces();
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const detail::piece_range mine = o.plan_.pieces_of(i);
       if (matrix_index_[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
@@ -402,30 +401,50 @@ struct projection_engine {
             detail::requantize_block(st2[k], n, q8_slot_codebook<Policy>(k).lookup(), pm.absmax[k][blk], pm.codes[k].data() + b0);
         }
       } else {
-        for (std::size_t e = 0; e < ln; ++e) {
-          float st[2] = {pm.state[0][e], pm.state[1][e]};
-          low[e] = Policy::moments(s, low[e], st);
-          pm.state[0][e] = st[0];
-          pm.state[1][e] = st[1];
-        }
+        launch_moments(o, s, low, ln, pm.state[0].data(), pm.state[1].data());
       }
       pm.proj.project_back(low, back);
-      for (std::size_t c = mine.first; c < mine.end; ++c) {
-        const detail::shard_piece& pc = pieces[c];
-        const std::size_t first = pc.layout - t.offset;
-        typename Opt::param_type* p = o.params_.data() + pc.buffer;
-        float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
-        for (std::size_t e = 0; e < pc.count; ++e) {
-          float value = Mode == detail::param_mode::master ? m[e] : to_float(p[e]);
-          Policy::apply(s, value, back[first + e]);
-          detail::store_param<Mode>(p, m, e, value, key, pc.layout);
-        }
-      }
+      launch_apply<Mode>(o, s, key, mine, t.offset, back);
     }
   }
 
-  /// One matrix's step on a device executor: project_bucket's host loop, as phases and
-  /// matrix_ops on the executor's memory, in the same order (the same bits on the
+  /// The element chunk of the engine's phases.
+  static constexpr std::size_t chunk = 4096;
+
+  /// Adam on the `ln` elements of the projected gradient `low`, with fp32 states s0, s1.
+  template <class Opt>
+  static void launch_moments(Opt& o, const typename Policy::scalars& s, float* low, std::size_t ln, float* s0,
+                             float* s1) {
+    low_rank_moments_phase<Policy> mo;
+    mo.n = ln;
+    mo.chunk = chunk;
+    mo.s = s;
+    mo.low = low;
+    mo.state0 = s0;
+    mo.state1 = s1;
+    launch(o.exec_, mo.items(), mo);
+  }
+
+  /// The update `back` of the matrix at layout index `tensor_offset` applied to this
+  /// rank's pieces of it, `mine`.
+  template <param_mode Mode, class Opt>
+  static void launch_apply(Opt& o, const typename Policy::scalars& s, std::uint64_t key, piece_range mine,
+                           std::size_t tensor_offset, const float* back) {
+    projected_apply_phase<Policy, Mode, typename Opt::param_type> ap;
+    ap.s = s;
+    ap.pieces = o.exec_pieces() + mine.first;
+    ap.piece_count = mine.end - mine.first;
+    ap.chunk = chunk;
+    ap.tensor_offset = tensor_offset;
+    ap.back = back;
+    ap.params = o.params_.data();
+    ap.master = o.uses_master() ? o.master_.data() : nullptr;
+    ap.key = key;
+    launch(o.exec_, ap.items(o.plan_.pieces().data() + mine.first), ap);
+  }
+
+  /// One matrix's step on a device executor: project_bucket's steps, the scaling as phases
+  /// too and the products and SVD through matrix_ops on the executor's memory, in the same order (the same bits on the
   /// emulated device; cuBLAS and cuSOLVER sum in their own order on cuda).
   template <param_mode Mode, class Opt>
   void update_on_device(Opt& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
@@ -443,7 +462,6 @@ struct projection_engine {
     float* low = full + mn;
     float* back = low + ln;
     float* between = back + mn;
-    constexpr std::size_t chunk = 4096;
     const auto scale_all = [&](float* data, std::size_t count, float by) {
       if (by == 1.0f) return;  // x * 1 is x
       scale_phase sp;
@@ -471,26 +489,10 @@ struct projection_engine {
       matrix_ops<Exec>::gemm(e, ta, tb, rows, cols, inner, a, lda, b, ldb, c);
     };
     projector_type::project_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), full, low, between);
-    low_rank_moments_phase<Policy> mo;
-    mo.n = ln;
-    mo.chunk = chunk;
-    mo.s = s;
-    mo.low = low;
-    mo.state0 = dm.state[0].data();
-    mo.state1 = dm.state[1].data();
-    launch(e, mo.items(), mo);
+    launch_moments(o, s, low, ln, dm.state[0].data(), dm.state[1].data());
     projector_type::project_back_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), low, back, between);
     scale_all(back, mn, static_cast<float>(pm.proj.scale()));  // tensor * Python float: a float multiply
-    projected_apply_phase<Policy, Mode, typename Opt::param_type> ap;
-    ap.s = s;
-    ap.pieces = o.exec_pieces() + mine.first;
-    ap.piece_count = mine.end - mine.first;
-    ap.tensor_offset = t.offset;
-    ap.back = back;
-    ap.params = o.params_.data();
-    ap.master = o.uses_master() ? o.master_.data() : nullptr;
-    ap.key = key;
-    launch(e, ap.items(o.plan_.pieces().data() + mine.first), ap);
+    launch_apply<Mode>(o, s, key, mine, t.offset, back);
   }
 
   // mutable: a device executor's projection and states are copied into the host mirror
