@@ -17,9 +17,10 @@
 // GB/s. Ratio = ceiling time / measured time = achieved GB/s / ceiling GB/s.
 //
 // Per phase: the optimizer runs on an executor that times its parallel_for calls (one per
-// phase, the last phase one per bucket), so the best step splits into the element pass of
-// each phase and the host time between them (merging and reducing the statistics, the
-// policy's hooks), without changing the step.
+// phase, the last phase one per bucket; the statistics' merges and the policy's hooks one
+// call per tensor each), so the best step splits into the element pass of each phase and
+// the host time between them (merging and reducing the statistics, the policy's hooks),
+// without changing the step.
 //
 //   distopt-bench-layerwise [--layers L] [--width D] [--threads T] [--repeats R]
 //                           [--only adamw|lamb|adafactor|came] [--json FILE]
@@ -145,15 +146,17 @@ class ceilings {
 // ---- a CPU executor that times its parallel_for calls ----
 
 /// distopt::cpu, timing every parallel_for: wall time, and each thread's time inside the
-/// index function. A layer-wise step makes one parallel_for per phase (the last phase one
-/// per bucket) and does its host work (merging and reducing the statistics, the policy's
-/// hooks) between them, so the log of one step splits it into passes and host time.
+/// index function. A layer-wise step makes one parallel_for over work items per phase (the
+/// last phase one per bucket) and does its host work (merging and reducing the statistics,
+/// the policy's hooks: parallel_for calls over the tensors, and serial code) between them,
+/// so the log of one step splits it into passes and host time.
 class timed_cpu {
  public:
   using executor_concept = distopt::executor_tag;
   using memory_space = distopt::cpu::memory_space;
 
   struct call {
+    std::size_t n = 0;                            ///< items of the call
     double wall = 0, busy_sum = 0, busy_max = 0;  ///< seconds
   };
 
@@ -173,6 +176,7 @@ class timed_cpu {
       busy[slot()].fetch_add(std::chrono::duration<double>(clock::now() - a).count(), std::memory_order_relaxed);
     });
     call c;
+    c.n = n;
     c.wall = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& b : busy) {
       c.busy_sum += b.load();
@@ -320,16 +324,21 @@ row measure(const settings& s, ceilings& ceil, const distopt::layout& l, const t
     const step_timing st = time_step<Policy, Param, Grad>(s, l, h);
     r.ns_best = st.t.best / n * 1e9;
     r.ns_median = st.t.median / n * 1e9;
-    // Calls 0 .. K-2 are phases 0 .. K-2 (one parallel_for each), the rest the last phase
-    // (one per bucket). Anything else in the log would break this: then no breakdown.
-    if (st.calls.size() >= K) {
+    // The calls over the layout's tensors are host work (the statistics' merges, the
+    // policy's hooks); of the others, calls 0 .. K-2 are phases 0 .. K-2 (one parallel_for
+    // each), the rest the last phase (one per bucket). (An element pass over exactly as many
+    // items as there are tensors would count as host time.)
+    std::vector<timed_cpu::call> passes_log;
+    for (const timed_cpu::call& c : st.calls)
+      if (c.n != l.tensors().size()) passes_log.push_back(c);
+    if (passes_log.size() >= K) {
       double passes = 0;
       std::vector<double> busy(K, 0.0), wall(K, 0.0);
-      for (std::size_t c = 0; c < st.calls.size(); ++c) {
+      for (std::size_t c = 0; c < passes_log.size(); ++c) {
         const std::size_t p = std::min(c, K - 1);
-        wall[p] += st.calls[c].wall;
-        busy[p] += st.calls[c].busy_sum;
-        passes += st.calls[c].wall;
+        wall[p] += passes_log[c].wall;
+        busy[p] += passes_log[c].busy_sum;
+        passes += passes_log[c].wall;
       }
       for (std::size_t p = 0; p < K; ++p) {
         r.phase_rows[p].ns = wall[p] / n * 1e9;

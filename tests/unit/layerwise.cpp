@@ -521,6 +521,9 @@ documented_sums documented(const std::vector<float>& g, std::size_t rows_per_mat
 /// of a 3-D tensor. Tensor "long" breaks any fold limit above 256 rows: 1,200 one-value
 /// rows whose in-window sums would pass 2^53 units of the first window (values near 2^45
 /// units, with odd-unit values between them) and then cancel, so a lost low bit shows.
+/// Tensor "wide" is three pieces (16,384 elements each at most), so a rank with two threads
+/// holds it as several work items whose row sums (a row cut between items) and column sums
+/// the host merges.
 BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_are_exact) {
   constexpr std::size_t rows = 700, cols = 9;  // 700 > column_window::max_rows
   layout l;
@@ -528,6 +531,7 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
   l.add("cube", {4, 30, 40});
   l.add("v", {650});
   l.add("long", {1200, 1});
+  l.add("wide", {1100, 40});
   std::mt19937_64 rng(29);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   const auto random_finite = [&](std::uint32_t exponent_mask) {
@@ -537,7 +541,7 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
     std::memcpy(&x, &u, 4);
     return x;
   };
-  std::vector<float> tall(rows * cols), cube(4800), v(650), lng(1200);
+  std::vector<float> tall(rows * cols), cube(4800), v(650), lng(1200), wide(44000);
   for (std::size_t r = 0; r < rows; ++r) {
     float* g = &tall[r * cols];
     g[0] = r % 97 == 5 ? std::ldexp(1.0f, -40) : r % 89 == 7 ? std::ldexp(1.0f, 50) : 1.0f + static_cast<float>(r) / 1024;
@@ -554,6 +558,7 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
   }
   for (float& x : cube) x = random_finite(0x3f800000u);
   for (float& x : v) x = random_finite(0x3f800000u);
+  for (float& x : wide) x = random_finite(0x3f800000u);
   // long: 1.0 opens a window of unit 2^-37 (exponents 113 .. 134); 256 - 2^-16 is just
   // under 2^45 units, 2^-14 (1 + 2^-23) one odd unit above 2^23. Rows 1..599 hold the big
   // value, or the odd one every fourth row; rows 600..1199 the negated big values and the
@@ -568,7 +573,8 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
       {static_cast<double>(tall.size()), documented(tall, rows, cols, l.block_size())},
       {static_cast<double>(cube.size()), documented(cube, 30, 40, l.block_size())},
       {static_cast<double>(v.size()), documented(v, 0, 0, l.block_size())},
-      {static_cast<double>(lng.size()), documented(lng, 1200, 1, l.block_size())}};
+      {static_cast<double>(lng.size()), documented(lng, 1200, 1, l.block_size())},
+      {static_cast<double>(wide.size()), documented(wide, 1100, 40, l.block_size())}};
   BOOST_TEST(std::isinf(want.at(6300.0).cols[7]));
   BOOST_TEST(std::isnan(want.at(6300.0).cols[8]));
   BOOST_TEST(want.at(1200.0).cols[0] == 1.0 + 299.0 * static_cast<double>(odd));  // 299 odd rows, exactly
@@ -576,7 +582,7 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
   for (int d : {1, 3})
     for (int workers : {1, 2}) {
       const std::vector<std::vector<double>> rec =
-          probe_step(l, d, workers, {{"tall", &tall}, {"cube", &cube}, {"v", &v}, {"long", &lng}});
+          probe_step(l, d, workers, {{"tall", &tall}, {"cube", &cube}, {"v", &v}, {"long", &lng}, {"wide", &wide}});
       BOOST_TEST_CONTEXT("d=" << d << ", " << workers << " threads") {
         std::map<double, int> seen;
         for (const auto& r : rec) {
@@ -1171,18 +1177,34 @@ struct adafactor_misdeclared : adafactor {
   static constexpr unsigned factored_slots = 0u;
 };
 
+/// The same with sets: slot 1 is in their union, but {1} is not one of them.
+struct adafactor_missing_set : adafactor {
+  static constexpr std::array<unsigned, 2> factored_slots{0u, 3u};
+};
+
+template <class Policy>
+std::string construction_error(const layout& l, const typename Policy::hyper_params& h) {
+  try {
+    optimizer<Policy> a(l, h);
+  } catch (const std::logic_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 BOOST_AUTO_TEST_CASE(factored_slots_must_cover_the_slots_a_factored_tensor_keeps) {
   layout l;
   l.add("bias", {8});
   l.add("w", {8, 8});
-  std::string what;
-  try {
-    optimizer<adafactor_misdeclared> a(l, adafactor_lr_beta1());
-  } catch (const std::logic_error& e) {
-    what = e.what();
-  }
-  BOOST_TEST(what.find("adafactor: tensor 'w' is factored and keeps a state slot outside") != std::string::npos, what);
-  BOOST_CHECK_NO_THROW(optimizer<adafactor_misdeclared>(l, adafactor_relative()));  // no beta1: nothing kept
+  const std::string want = "adafactor: tensor 'w' is factored and keeps the state slots {1}, not a set the policy's "
+                           "factored_slots allow";
+  const std::string what = construction_error<adafactor_misdeclared>(l, adafactor_lr_beta1());
+  BOOST_TEST(what == want);
+  const std::string set = construction_error<adafactor_missing_set>(l, adafactor_lr_beta1());
+  BOOST_TEST(set == want);
+  // No beta1: nothing kept, which both declarations allow.
+  BOOST_CHECK_NO_THROW(optimizer<adafactor_misdeclared>(l, adafactor_relative()));
+  BOOST_CHECK_NO_THROW(optimizer<adafactor_missing_set>(l, adafactor_relative()));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

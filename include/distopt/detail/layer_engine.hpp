@@ -54,6 +54,11 @@ struct layer_engine {
   /// 2026-11-28: 192 blocks for 60 M params, 17 % of the warps active); each item keeps exact
   /// column sums of 88 B, about 1.4 B per element at 64 rows.
   static constexpr std::size_t device_item_rows = 64;
+  /// Host executors: the same floor, higher. Items are 2 per thread per tensor for balance,
+  /// but each keeps exact sums of its matrices' columns and the host merges them: at 16
+  /// threads on a 1024-row matrix that was 32 items of 32 rows, 2.75 B of sums per element
+  /// and column statistic, zeroed and merged every phase. At 256 rows, 0.34 B.
+  static constexpr std::size_t host_item_rows = 256;
 
   /// How the statistics wires (host memory) are summed over a group: the optimizer's
   /// all_reduce_host, which stages them through device memory for a device communicator.
@@ -113,9 +118,16 @@ struct layer_engine {
       lt_[i].factored = Policy::factored(h, tensors[i].shape);
       for (int k = 0; k < Policy::max_state_slots; ++k)
         if (k < o.slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
-      if (lt_[i].factored && (lt_[i].slot_mask & ~detail::factored_slots<Policy>()) != 0)
+      constexpr auto sets = detail::factored_slot_sets<Policy>();
+      if (lt_[i].factored && (sets.size() > 1 ? std::ranges::find(sets, lt_[i].slot_mask) == sets.end()
+                                               : (lt_[i].slot_mask & ~detail::factored_slots<Policy>()) != 0)) {
+        std::string kept;
+        for (int k = 0; k < Policy::max_state_slots; ++k)
+          if ((lt_[i].slot_mask >> k) & 1u) kept += (kept.empty() ? "" : ", ") + std::to_string(k);
         throw std::logic_error(std::string(Policy::name) + ": tensor '" + tensors[i].name +
-                               "' is factored and keeps a state slot outside the policy's factored_slots");
+                               "' is factored and keeps the state slots {" + kept +
+                               "}, not a set the policy's factored_slots allow");
+      }
     }
     for (std::size_t c = 0; c < pieces.size(); ++c)
       for (int k = 0; k < Policy::max_state_slots; ++k)
@@ -144,17 +156,15 @@ struct layer_engine {
       // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
       const std::size_t n = t.end_piece - t.first_piece;
       std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
-      if constexpr (on_device)
-        if (t.factored) {
-          // A device has thousands of threads, but each item keeps exact sums of its
-          // matrices' columns (88 B each): items of at least device_item_rows rows keep them
-          // near 88 * col_sums / device_item_rows B per element (more when a matrix has
-          // fewer rows).
-          std::size_t local = 0;
-          for (std::size_t c = t.first_piece; c < t.end_piece; ++c) local += pieces[c].count;
-          const std::size_t want = device_item_rows * t.cols;
-          per_item = std::max(per_item, local ? (n * want + local - 1) / local : n);
-        }
+      if (t.factored) {
+        // Each item keeps exact sums of its matrices' columns (88 B each): items of at
+        // least item_rows rows keep them near 88 * col_sums / item_rows B per element (more
+        // when a matrix has fewer rows).
+        std::size_t local = 0;
+        for (std::size_t c = t.first_piece; c < t.end_piece; ++c) local += pieces[c].count;
+        const std::size_t want = (on_device ? device_item_rows : host_item_rows) * t.cols;
+        per_item = std::max(per_item, local ? (n * want + local - 1) / local : n);
+      }
       for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
         layer_item it;
         it.tensor = i;
@@ -172,6 +182,9 @@ struct layer_engine {
         items_.push_back(std::move(it));
       }
     }
+    tensor_items_.assign(lt_.size() + 1, items_.size());
+    for (std::size_t j = items_.size(); j-- > 0;) tensor_items_[items_[j].tensor] = j;
+    for (std::size_t i = lt_.size(); i-- > 0;) tensor_items_[i] = std::min(tensor_items_[i], tensor_items_[i + 1]);
     if constexpr (on_device) init_device(o);
     // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
     bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
@@ -257,6 +270,16 @@ struct layer_engine {
     const layer_tensor& t = lt_[it.tensor];
     const tensor_slot& ts = o.layout_.tensors()[it.tensor];
     const bool local = o.template grads_local<G>();
+    {  // this phase's sums of the item, zeroed by the thread that fills them
+      constexpr phase_spec spec = Policy::phases[P];
+      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
+      it.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
+      it.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
+      it.cacc.assign(it.csum.size(), 0.0);
+      std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
+      if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
+      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
+    }
     const auto& pieces = o.plan_.pieces();
     for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
       const detail::shard_piece& pc = pieces[c];
@@ -290,13 +313,33 @@ struct layer_engine {
       a.row_count = it.row_count;
       a.col_first = it.col_first;
       a.col_count = it.col_count;
-      if (t.factored) detail::layer_range<Policy, P, true, Mode>(sc, a, pc.count);
+      if (t.factored) factored_range<P, Mode>(t.slot_mask, sc, a, pc.count);
       else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
     }
     if constexpr (Policy::phases[P].col_sums > 0)
       if (t.factored)
         detail::fold_matrix(it.window, it.csum.data(), static_cast<std::size_t>(Policy::phases[P].col_sums), t.cols,
                             it.col_first, it.col_count);
+  }
+
+  /// A factored tensor's element pass, compiled for the set of slots it keeps (sets that
+  /// touch the same slots in this phase share one instantiation).
+  template <int P, detail::param_mode Mode, class Args>
+  static void factored_range(unsigned slot_mask, const typename Policy::scalars& sc, const Args& a, std::size_t n) {
+    constexpr auto sets = detail::factored_slot_sets<Policy>();
+    if constexpr (sets.size() == 1) {
+      detail::layer_range<Policy, P, true, Mode>(sc, a, n);
+    } else {
+      constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
+      [&]<std::size_t... S>(std::index_sequence<S...>) {
+        ((slot_mask == sets[S] ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type,
+                                                      typename Args::grad_type, typename Args::state_type, false,
+                                                      sets[S] & touched>(sc, a, n),
+                                  true)
+                               : false) ||
+         ...);
+      }(std::make_index_sequence<sets.size()>{});
+    }
   }
 
   /// One phase: the element pass over this rank's pieces, the exact sums merged over
@@ -307,18 +350,6 @@ struct layer_engine {
                    std::uint64_t key) {
     constexpr phase_spec spec = Policy::phases[P];
     constexpr bool last = P + 1 == layer_phases();
-    for (layer_item& it : items_) {
-      if constexpr (!on_device) {  // a device keeps these in its own memory (init_device)
-        const bool f = lt_[it.tensor].factored;
-        it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-        it.rsum.assign(f ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
-        it.csum.assign(f ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
-        it.cacc.assign(it.csum.size(), 0.0);
-        std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
-        if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
-        it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
-      }
-    }
     const typename Policy::scalars* sc_exec = nullptr;
     if constexpr (on_device) {
       push_values(o);
@@ -353,6 +384,7 @@ struct layer_engine {
       run(0, items_.size());
     }
     if constexpr (spec.tensor_sums + spec.row_sums + spec.col_sums > 0) reduce_layer_sums<P>(o);
+    // The policy's hooks: on one thread, in tensor order (a policy may keep a record).
     for (std::size_t i = 0; i < lt_.size(); ++i) {
       layer_tensor& t = lt_[i];
       if (!t.local) continue;
@@ -388,14 +420,15 @@ struct layer_engine {
                                         t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0,
                                         t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0};
     };
-    if (!converted)
-      for (layer_tensor& t : lt_) {
-        const auto [nt, nr, nc] = counts(t);
-        t.tsum.assign(nt, {});
-        t.rsum.assign(nr, {});
-        t.csum.assign(nc, {});
-      }
+    const auto zero = [&](layer_tensor& t) {
+      const auto [nt, nr, nc] = counts(t);
+      t.tsum.assign(nt, {});
+      t.rsum.assign(nr, {});
+      t.csum.assign(nc, {});
+    };
     if constexpr (on_device) {
+      if (!converted)
+        for (layer_tensor& t : lt_) zero(t);
       layer_merge_phase<Policy, P> merge;
       merge.tensors = tensors_dev_.data();
       merge.items = items_dev_.data();
@@ -423,15 +456,21 @@ struct layer_engine {
         }
       }
     } else {
-      for (const layer_item& it : items_) {
-        layer_tensor& t = lt_[it.tensor];
-        for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
+      // Per tensor, on the executor's threads: the sums are exact, so neither the thread
+      // nor the order of the items changes them.
+      o.exec_.parallel_for(lt_.size(), [&](std::size_t i) {
+        layer_tensor& t = lt_[i];
+        zero(t);
         const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-        for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
-          for (std::size_t j = 0; j < it.row_count; ++j) t.rsum[k * r + it.row_first + j].add(it.rsum[k * it.row_count + j]);
-        for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
-          for (std::size_t j = 0; j < it.col_count; ++j) t.csum[k * c + it.col_first + j].add(it.csum[k * it.col_count + j]);
-      }
+        for (std::size_t j = tensor_items_[i]; j < tensor_items_[i + 1]; ++j) {
+          const layer_item& it = items_[j];
+          for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
+          for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
+            for (std::size_t m = 0; m < it.row_count; ++m) t.rsum[k * r + it.row_first + m].add(it.rsum[k * it.row_count + m]);
+          for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
+            for (std::size_t m = 0; m < it.col_count; ++m) t.csum[k * c + it.col_first + m].add(it.csum[k * it.col_count + m]);
+        }
+      });
     }
     // Which sums travel where: the same list, in layout order, on every rank of the group.
     const auto for_each_sum = [&](auto&& select, auto&& f) {
@@ -481,8 +520,9 @@ struct layer_engine {
       all_reduce_stats(tp, wire, host_reduce(o));
       unpack(wire, tp_select);
     }
-    for (layer_tensor& t : lt_) {
-      if (!t.local) continue;
+    const auto finish = [&](std::size_t i) {
+      layer_tensor& t = lt_[i];
+      if (!t.local) return;
       const auto convert = [](const std::vector<detail::fixed_sum>& in, std::vector<double>& out) {
         out.resize(in.size());
         for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
@@ -498,6 +538,18 @@ struct layer_engine {
         t.view.row_sums[k] = k < spec.row_sums && t.factored ? std::span<const double>(t.rsum_d).subspan(k * r, r) : std::span<const double>();
         t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
       }
+    };
+    for_each_tensor(o, finish);
+  }
+
+  /// Calls f(i) for every tensor: on a host executor's threads (each tensor's statistics
+  /// are its own), on a device executor in order on the host.
+  template <class Opt, class F>
+  void for_each_tensor(Opt& o, F&& f) {
+    if constexpr (on_device) {
+      for (std::size_t i = 0; i < lt_.size(); ++i) f(i);
+    } else {
+      o.exec_.parallel_for(lt_.size(), f);
     }
   }
 
@@ -737,6 +789,7 @@ struct layer_engine {
   std::vector<layer_tensor> lt_;
   std::vector<layer_item> items_;
   std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
+  std::vector<std::size_t> tensor_items_;                 // items of tensor i: [i], [i + 1])
   std::vector<slot_offsets> slot_offset_;                 // per piece: offset in each compact slot buffer
   std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
   // Device executors only (init_device).

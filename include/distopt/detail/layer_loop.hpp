@@ -15,8 +15,10 @@
 /// combined pairwise in a fixed order, as the global norm's blocks are.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "../config.hpp"
@@ -136,6 +138,9 @@ DISTOPT_HD inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::s
 /// (layer_range's `Absent`) its pointers are null and it is neither read nor written.
 template <class Param, class Grad, class Enc>
 struct layer_args {
+  using param_type = Param;
+  using grad_type = Grad;
+  using state_type = Enc;
   Param* param;
   const Grad* grad;
   float* master;
@@ -176,15 +181,27 @@ const Enc* zero_states() {
   return zeros;
 }
 
-/// The state slots a factored tensor of `Policy` may keep: its optional `factored_slots`
-/// (bit k: slot k), else all. A slot outside it is neither read nor written in a factored
-/// tensor's element pass (the engine checks uses_slot against it), which keeps the
-/// zeros and scratch of slots a tensor does not keep out of the loop: in Adafactor's and
-/// CAME's phase 1 they were two streams beside the one of the grads.
+/// The sets of state slots a factored tensor of `Policy` may keep (bit k: slot k): its
+/// optional `factored_slots`, one mask or an array of masks (Adafactor: none, or exp_avg
+/// with beta1), else one set of all. A slot outside a tensor's set is neither read nor
+/// written in a factored tensor's element pass (the engine checks each tensor's slots
+/// against the sets), which keeps the zeros and scratch of slots a tensor does not keep
+/// out of the loop: in Adafactor's and CAME's phase 1 they were two streams beside the
+/// one of the grads, in Adafactor's phase 2 without beta1 two beside five.
+template <class Policy>
+constexpr auto factored_slot_sets() {
+  if constexpr (!requires { Policy::factored_slots; }) return std::array<unsigned, 1>{~0u};
+  else if constexpr (std::is_integral_v<std::remove_cvref_t<decltype(Policy::factored_slots)>>)
+    return std::array<unsigned, 1>{Policy::factored_slots};
+  else return Policy::factored_slots;
+}
+
+/// Every slot a factored tensor of `Policy` may keep: the union of its factored_slot_sets.
 template <class Policy>
 constexpr unsigned factored_slots() {
-  if constexpr (requires { Policy::factored_slots; }) return Policy::factored_slots;
-  else return ~0u;
+  unsigned u = 0;
+  for (unsigned m : factored_slot_sets<Policy>()) u |= m;
+  return u;
 }
 
 /// Element j of the piece `a` in phase `Phase`: loads what the phase reads, calls the
@@ -192,13 +209,15 @@ constexpr unsigned factored_slots() {
 /// `out` (tensor sums, then row sums, then column sums). `c`: the element's column among its
 /// tensor's columns (matrix * C + column; factored tensors), `rv`: its row's values. The one
 /// body of the host loop (layer_range) and of the device kernel (exec/cuda/layer_phase.cuh).
-template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc, bool Absent>
+/// `Kept`: a factored tensor's set of slots, where the caller knows it (else all it may keep).
+template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc, bool Absent,
+          unsigned Kept = ~0u>
 DISTOPT_HD DISTOPT_INLINE void layer_element(const typename Policy::scalars& s, const layer_args<Param, Grad, Enc>& a,
                                              std::size_t j, std::size_t c, const float* rv, float scale, float* out) {
   constexpr phase_spec spec = Policy::phases[Phase];
   constexpr int CV = Factored ? Policy::col_values : 0;
   constexpr int MS = Policy::max_state_slots > 0 ? Policy::max_state_slots : 1;
-  constexpr unsigned kept = Factored ? factored_slots<Policy>() : ~0u;
+  constexpr unsigned kept = Factored ? factored_slots<Policy>() & Kept : ~0u;
   constexpr unsigned reads = spec.reads_slots & kept, writes = spec.writes_slots & kept;
   float value = 0.0f;
   if constexpr (spec.reads_param) {
@@ -229,8 +248,10 @@ DISTOPT_HD DISTOPT_INLINE void layer_element(const typename Policy::scalars& s, 
 /// One phase's element pass over `n` elements of a piece, and the statistics it emits.
 /// With `Absent` (device executors), a slot the tensor does not keep has null pointers: it
 /// reads zeros and is not written (a device has no thread-local scratch to write it to).
+/// With `Kept` (host executors), a factored tensor's slots outside it are left out at
+/// compile time.
 template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc,
-          bool Absent = false>
+          bool Absent = false, unsigned Kept = ~0u>
 DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
                                     std::size_t n) {
   constexpr phase_spec spec = Policy::phases[Phase];
@@ -281,7 +302,7 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
       const std::size_t c0 = col + (b - i);
       for (std::size_t jj = 0; jj < m; ++jj) {
         float out[OUT > 0 ? OUT : 1] = {};
-        layer_element<Policy, Phase, Factored, Mode, Param, Grad, Enc, Absent>(s, a, b + jj, c0 + jj, rv, scale, out);
+        layer_element<Policy, Phase, Factored, Mode, Param, Grad, Enc, Absent, Kept>(s, a, b + jj, c0 + jj, rv, scale, out);
         for (int k = 0; k < OUT; ++k) emitted[k][jj] = out[k];
       }
       // b - i is a multiple of 16 (sub is), so value j of the segment lands in lane j % 16.

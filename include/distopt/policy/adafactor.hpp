@@ -120,7 +120,8 @@ struct adafactor {
   static bool factored(const hyper_params&, std::span<const std::int64_t> shape) {
     return detail::has_matrix_shape(shape);
   }
-  static constexpr unsigned factored_slots = 2u;  // a factored tensor keeps exp_avg at most
+  /// A factored tensor keeps no slot, or exp_avg (slot 1) with beta1.
+  static constexpr std::array<unsigned, 2> factored_slots{0u, 2u};
   static bool uses_slot(const hyper_params& h, int slot, bool factored) {
     return slot == 0 ? !factored : h.beta1.has_value();
   }
