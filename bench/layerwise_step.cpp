@@ -17,8 +17,8 @@
 // GB/s. Ratio = ceiling time / measured time = achieved GB/s / ceiling GB/s.
 //
 // Per phase: the optimizer runs on an executor that times its parallel_for calls (one per
-// phase, the last phase one per bucket; the statistics' merges and the policy's hooks one
-// call per tensor each), so the best step splits into the element pass of each phase and
+// phase, the last phase one per bucket; the statistics' merges, where large, one call over
+// the tensors each), so the best step splits into the element pass of each phase and
 // the host time between them (merging and reducing the statistics, the policy's hooks),
 // without changing the step.
 //
@@ -36,6 +36,8 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "layerwise_bench.hpp"
@@ -156,7 +158,7 @@ class timed_cpu {
   using memory_space = distopt::cpu::memory_space;
 
   struct call {
-    std::size_t n = 0;                            ///< items of the call
+    bool host = false;  ///< the engine's host work (its statistics' merges), not an element pass
     double wall = 0, busy_sum = 0, busy_max = 0;  ///< seconds
   };
 
@@ -176,7 +178,9 @@ class timed_cpu {
       busy[slot()].fetch_add(std::chrono::duration<double>(clock::now() - a).count(), std::memory_order_relaxed);
     });
     call c;
-    c.n = n;
+    // The merges' index functions are lambdas of layer_engine::reduce_layer_sums, whose
+    // name their mangled type names carry (GCC and Clang).
+    c.host = std::string_view(typeid(std::remove_cvref_t<F>).name()).find("reduce_layer_sums") != std::string_view::npos;
     c.wall = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& b : busy) {
       c.busy_sum += b.load();
@@ -324,13 +328,11 @@ row measure(const settings& s, ceilings& ceil, const distopt::layout& l, const t
     const step_timing st = time_step<Policy, Param, Grad>(s, l, h);
     r.ns_best = st.t.best / n * 1e9;
     r.ns_median = st.t.median / n * 1e9;
-    // The calls over the layout's tensors are host work (the statistics' merges, the
-    // policy's hooks); of the others, calls 0 .. K-2 are phases 0 .. K-2 (one parallel_for
-    // each), the rest the last phase (one per bucket). (An element pass over exactly as many
-    // items as there are tensors would count as host time.)
+    // The statistics' merges are host work; of the other calls, 0 .. K-2 are phases
+    // 0 .. K-2 (one parallel_for each), the rest the last phase (one per bucket).
     std::vector<timed_cpu::call> passes_log;
     for (const timed_cpu::call& c : st.calls)
-      if (c.n != l.tensors().size()) passes_log.push_back(c);
+      if (!c.host) passes_log.push_back(c);
     if (passes_log.size() >= K) {
       double passes = 0;
       std::vector<double> busy(K, 0.0), wall(K, 0.0);

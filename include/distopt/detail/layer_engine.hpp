@@ -59,6 +59,10 @@ struct layer_engine {
   /// threads on a 1024-row matrix that was 32 items of 32 rows, 2.75 B of sums per element
   /// and column statistic, zeroed and merged every phase. At 256 rows, 0.34 B.
   static constexpr std::size_t host_item_rows = 256;
+  /// Host executors: the fewest of a phase's item sums (88 B each) that are merged per tensor
+  /// on the executor's threads; fewer (Lamb's two per item: a few microseconds on one
+  /// thread) are not worth waking the pool for.
+  static constexpr std::size_t parallel_merge_sums = 16384;
 
   /// How the statistics wires (host memory) are summed over a group: the optimizer's
   /// all_reduce_host, which stages them through device memory for a device communicator.
@@ -420,6 +424,7 @@ struct layer_engine {
                                         t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0,
                                         t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0};
     };
+    bool parallel = false;  // the host's merges and conversions on the executor's threads
     const auto zero = [&](layer_tensor& t) {
       const auto [nt, nr, nc] = counts(t);
       t.tsum.assign(nt, {});
@@ -456,9 +461,12 @@ struct layer_engine {
         }
       }
     } else {
-      // Per tensor, on the executor's threads: the sums are exact, so neither the thread
-      // nor the order of the items changes them.
-      o.exec_.parallel_for(lt_.size(), [&](std::size_t i) {
+      // Per tensor, on the executor's threads where there are enough sums: the sums are
+      // exact, so neither the thread nor the order of the items changes them.
+      std::size_t sums = 0;
+      for (const layer_item& it : items_) sums += it.tsum.size() + it.rsum.size() + it.csum.size();
+      parallel = sums >= parallel_merge_sums;
+      for_each_tensor(o, [&](std::size_t i) {
         layer_tensor& t = lt_[i];
         zero(t);
         const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
@@ -470,7 +478,7 @@ struct layer_engine {
           for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
             for (std::size_t m = 0; m < it.col_count; ++m) t.csum[k * c + it.col_first + m].add(it.csum[k * it.col_count + m]);
         }
-      });
+      }, parallel);
     }
     // Which sums travel where: the same list, in layout order, on every rank of the group.
     const auto for_each_sum = [&](auto&& select, auto&& f) {
@@ -539,18 +547,16 @@ struct layer_engine {
         t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
       }
     };
-    for_each_tensor(o, finish);
+    for_each_tensor(o, finish, parallel);
   }
 
-  /// Calls f(i) for every tensor: on a host executor's threads (each tensor's statistics
-  /// are its own), on a device executor in order on the host.
+  /// Calls f(i) for every tensor: on a host executor's threads if `parallel` (each tensor's
+  /// statistics are its own), else in order on the calling thread.
   template <class Opt, class F>
-  void for_each_tensor(Opt& o, F&& f) {
-    if constexpr (on_device) {
-      for (std::size_t i = 0; i < lt_.size(); ++i) f(i);
-    } else {
-      o.exec_.parallel_for(lt_.size(), f);
-    }
+  void for_each_tensor(Opt& o, F&& f, bool parallel) {
+    if constexpr (!on_device)
+      if (parallel) return o.exec_.parallel_for(lt_.size(), f);
+    for (std::size_t i = 0; i < lt_.size(); ++i) f(i);
   }
 
   /// Non-local tensors still take part in the DP wire with zeros: give them the right
