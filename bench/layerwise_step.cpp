@@ -17,8 +17,8 @@
 // GB/s. Ratio = ceiling time / measured time = achieved GB/s / ceiling GB/s.
 //
 // Per phase: the optimizer runs on an executor that times its parallel_for calls (one per
-// phase, the last phase one per bucket; the statistics' merges, where large, one call over
-// the tensors each), so the best step splits into the element pass of each phase and
+// phase, the last phase one per bucket; where a phase's statistics are large, their merge
+// and conversion one call over the tensors each), so the best step splits into the element pass of each phase and
 // the host time between them (merging and reducing the statistics, the policy's hooks),
 // without changing the step.
 //
@@ -178,10 +178,10 @@ class timed_cpu {
       busy[slot()].fetch_add(std::chrono::duration<double>(clock::now() - a).count(), std::memory_order_relaxed);
     });
     call c;
+    c.wall = std::chrono::duration<double>(clock::now() - t0).count();
     // The merges' index functions are lambdas of layer_engine::reduce_layer_sums, whose
     // name their mangled type names carry (GCC and Clang).
     c.host = std::string_view(typeid(std::remove_cvref_t<F>).name()).find("reduce_layer_sums") != std::string_view::npos;
-    c.wall = std::chrono::duration<double>(clock::now() - t0).count();
     for (const auto& b : busy) {
       c.busy_sum += b.load();
       c.busy_max = std::max(c.busy_max, b.load());

@@ -83,7 +83,8 @@ concept policy_updates_elements =
 ///   static bool factored(const hyper_params&, std::span<const std::int64_t> shape);
 ///   static bool uses_slot(const hyper_params&, int slot, bool factored);
 ///   static constexpr unsigned factored_slots;   // optional: slots a factored tensor may keep,
-///                                               // or std::array<unsigned, N>: the sets it may keep
+///                                               // or std::array<unsigned, N>: the sets it may
+///                                               // keep, smallest first
 ///   template <int Phase, bool Factored> DISTOPT_HD static void element(
 ///       const scalars&, const element_stats&, float& param, float grad, float* state,
 ///       float* sums);                                      // sums: tensor, row, col

@@ -122,15 +122,13 @@ struct layer_engine {
       lt_[i].factored = Policy::factored(h, tensors[i].shape);
       for (int k = 0; k < Policy::max_state_slots; ++k)
         if (k < o.slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
-      constexpr auto sets = detail::factored_slot_sets<Policy>();
-      if (lt_[i].factored && (sets.size() > 1 ? std::ranges::find(sets, lt_[i].slot_mask) == sets.end()
-                                               : (lt_[i].slot_mask & ~detail::factored_slots<Policy>()) != 0)) {
+      if (lt_[i].factored && detail::factored_set_of<Policy>(lt_[i].slot_mask) < 0) {
         std::string kept;
         for (int k = 0; k < Policy::max_state_slots; ++k)
           if ((lt_[i].slot_mask >> k) & 1u) kept += (kept.empty() ? "" : ", ") + std::to_string(k);
         throw std::logic_error(std::string(Policy::name) + ": tensor '" + tensors[i].name +
                                "' is factored and keeps the state slots {" + kept +
-                               "}, not a set the policy's factored_slots allow");
+                               "}, which no set of the policy's factored_slots holds");
       }
     }
     for (std::size_t c = 0; c < pieces.size(); ++c)
@@ -291,7 +289,8 @@ struct layer_engine {
       a.param = o.params_.data() + o.param_at(pc);
       a.grad = grads + (local ? pc.local : pc.buffer);
       a.master = o.uses_master() ? o.master_.data() + pc.local : nullptr;
-      // Slots this tensor does not keep: read zeros, write to this thread's scratch.
+      // Slots this tensor does not keep: read zeros, write to this thread's scratch (unless
+      // the loop leaves them out: a factored tensor's slots outside its set).
       thread_local std::vector<State> scratch;
       if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
       for (int k = 0; k < Policy::max_state_slots; ++k) {
@@ -326,25 +325,29 @@ struct layer_engine {
                             it.col_first, it.col_count);
   }
 
-  /// A factored tensor's element pass, compiled for the set of slots it keeps (sets that
-  /// touch the same slots in this phase share one instantiation).
+  /// A factored tensor's element pass, compiled for the first set of slots that holds the
+  /// ones it keeps (sets that touch the same slots in this phase share one instantiation;
+  /// a slot of the set it does not keep reads zeros and writes scratch, see run_item).
   template <int P, detail::param_mode Mode, class Args>
   static void factored_range(unsigned slot_mask, const typename Policy::scalars& sc, const Args& a, std::size_t n) {
-    constexpr auto sets = detail::factored_slot_sets<Policy>();
-    if constexpr (sets.size() == 1) {
+    if constexpr (factored_sets_.size() == 1) {
       detail::layer_range<Policy, P, true, Mode>(sc, a, n);
     } else {
       constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
-      [&]<std::size_t... S>(std::index_sequence<S...>) {
-        ((slot_mask == sets[S] ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type,
-                                                      typename Args::grad_type, typename Args::state_type, false,
-                                                      sets[S] & touched>(sc, a, n),
-                                  true)
-                               : false) ||
-         ...);
-      }(std::make_index_sequence<sets.size()>{});
+      const int set = detail::factored_set_of<Policy>(slot_mask);
+      const bool ran = [&]<std::size_t... S>(std::index_sequence<S...>) {
+        return ((set == static_cast<int>(S)
+                     ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type, typename Args::grad_type,
+                                            typename Args::state_type, false, factored_sets_[S] & touched>(sc, a, n),
+                        true)
+                     : false) ||
+                ...);
+      }(std::make_index_sequence<factored_sets_.size()>{});
+      if (!ran)  // init refuses such a tensor; never reached
+        throw std::logic_error(std::string(Policy::name) + ": a factored tensor keeps slots no set holds");
     }
   }
+  static constexpr auto factored_sets_ = detail::factored_slot_sets<Policy>();
 
   /// One phase: the element pass over this rank's pieces, the exact sums merged over
   /// items, reduced over the DP ranks sharing each tensor and over the TP group, then

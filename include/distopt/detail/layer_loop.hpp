@@ -133,7 +133,7 @@ DISTOPT_HD inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::s
 
 /// One piece's data and statistics targets for layer_range. Pointers are at the piece's
 /// first element. On the host, a state slot the tensor does not keep reads from zeros and
-/// writes to scratch (never null there: a null check in the loop becomes masked vector
+/// writes to scratch where the loop touches it (not outside a factored tensor's set) (never null there: a null check in the loop becomes masked vector
 /// loads from the null page in the AVX2 clone, each a slow microcode assist); on a device
 /// (layer_range's `Absent`) its pointers are null and it is neither read nor written.
 template <class Param, class Grad, class Enc>
@@ -182,12 +182,13 @@ const Enc* zero_states() {
 }
 
 /// The sets of state slots a factored tensor of `Policy` may keep (bit k: slot k): its
-/// optional `factored_slots`, one mask or an array of masks (Adafactor: none, or exp_avg
-/// with beta1), else one set of all. A slot outside a tensor's set is neither read nor
-/// written in a factored tensor's element pass (the engine checks each tensor's slots
-/// against the sets), which keeps the zeros and scratch of slots a tensor does not keep
-/// out of the loop: in Adafactor's and CAME's phase 1 they were two streams beside the
-/// one of the grads, in Adafactor's phase 2 without beta1 two beside five.
+/// optional `factored_slots`, one mask or an array of masks, smallest first (Adafactor:
+/// none, or exp_avg with beta1), else one set of all. A factored tensor's element pass is
+/// compiled for the first set that holds the slots it keeps (factored_set_of; the engine
+/// refuses a tensor that no set holds), and the slots outside that set are neither read
+/// nor written. That keeps the zeros and scratch of slots a tensor does not keep out of the
+/// loop: in Adafactor's and CAME's phase 1 they were two streams beside the one of the
+/// grads, in Adafactor's phase 2 without beta1 two beside five.
 template <class Policy>
 constexpr auto factored_slot_sets() {
   if constexpr (!requires { Policy::factored_slots; }) return std::array<unsigned, 1>{~0u};
@@ -202,6 +203,16 @@ constexpr unsigned factored_slots() {
   unsigned u = 0;
   for (unsigned m : factored_slot_sets<Policy>()) u |= m;
   return u;
+}
+
+/// The index of the first of Policy's factored_slot_sets that holds every slot in
+/// `slot_mask`, or -1.
+template <class Policy>
+constexpr int factored_set_of(unsigned slot_mask) {
+  constexpr auto sets = factored_slot_sets<Policy>();
+  for (std::size_t k = 0; k < sets.size(); ++k)
+    if ((slot_mask & ~sets[k]) == 0) return static_cast<int>(k);
+  return -1;
 }
 
 /// Element j of the piece `a` in phase `Phase`: loads what the phase reads, calls the
