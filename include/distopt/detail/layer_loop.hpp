@@ -133,9 +133,11 @@ DISTOPT_HD inline void fold_matrix(column_window& w, fixed_sum* col_sums, std::s
 
 /// One piece's data and statistics targets for layer_range. Pointers are at the piece's
 /// first element. On the host, a state slot the tensor does not keep reads from zeros and
-/// writes to scratch where the loop touches it (not outside a factored tensor's set) (never null there: a null check in the loop becomes masked vector
-/// loads from the null page in the AVX2 clone, each a slow microcode assist); on a device
-/// (layer_range's `Absent`) its pointers are null and it is neither read nor written.
+/// writes to scratch where the loop touches it (a factored tensor's loop leaves out the
+/// slots outside its set). These pointers are never null on the host: a null check in the
+/// loop becomes masked vector loads from the null page in the AVX2 clone, each a slow
+/// microcode assist. On a device (layer_range's `Absent`) the pointers of a slot not kept
+/// are null, and it is neither read nor written.
 template <class Param, class Grad, class Enc>
 struct layer_args {
   using param_type = Param;
