@@ -188,14 +188,11 @@ struct layer_engine {
     for (std::size_t j = items_.size(); j-- > 0;) tensor_items_[items_[j].tensor] = j;
     for (std::size_t i = lt_.size(); i-- > 0;) tensor_items_[i] = std::min(tensor_items_[i], tensor_items_[i + 1]);
     if constexpr (on_device) init_device(o);
-    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers.
+    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers: a bucket is a
+    // run of whole tensors, so its items start at its first tensor's.
     bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
-    for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
-      for (std::size_t j = items_.size(); j-- > 0;)
-        if (items_[j].tensor >= o.plan_.buckets()[k].first_tensor && items_[j].tensor < o.plan_.buckets()[k].end_tensor)
-          bucket_items_[k] = j;
-    for (std::size_t k = o.plan_.buckets().size(); k-- > 0;)
-      bucket_items_[k] = std::min(bucket_items_[k], bucket_items_[k + 1]);
+    for (std::size_t k = 0; k < o.plan_.buckets().size(); ++k)
+      bucket_items_[k] = tensor_items_[o.plan_.buckets()[k].first_tensor];
     init_geometry(o);
   }
 
@@ -330,22 +327,18 @@ struct layer_engine {
   /// a slot of the set it does not keep reads zeros and writes scratch, see run_item).
   template <int P, detail::param_mode Mode, class Args>
   static void factored_range(unsigned slot_mask, const typename Policy::scalars& sc, const Args& a, std::size_t n) {
-    if constexpr (factored_sets_.size() == 1) {
-      detail::layer_range<Policy, P, true, Mode>(sc, a, n);
-    } else {
-      constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
-      const int set = detail::factored_set_of<Policy>(slot_mask);
-      const bool ran = [&]<std::size_t... S>(std::index_sequence<S...>) {
-        return ((set == static_cast<int>(S)
-                     ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type, typename Args::grad_type,
-                                            typename Args::state_type, false, factored_sets_[S] & touched>(sc, a, n),
-                        true)
-                     : false) ||
-                ...);
-      }(std::make_index_sequence<factored_sets_.size()>{});
-      if (!ran)  // init refuses such a tensor; never reached
-        throw std::logic_error(std::string(Policy::name) + ": a factored tensor keeps slots no set holds");
-    }
+    constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
+    const int set = detail::factored_set_of<Policy>(slot_mask);
+    const bool ran = [&]<std::size_t... S>(std::index_sequence<S...>) {
+      return ((set == static_cast<int>(S)
+                   ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type, typename Args::grad_type,
+                                          typename Args::state_type, false, factored_sets_[S] & touched>(sc, a, n),
+                      true)
+                   : false) ||
+              ...);
+    }(std::make_index_sequence<factored_sets_.size()>{});
+    if (!ran)  // init refuses such a tensor; never reached
+      throw std::logic_error(std::string(Policy::name) + ": a factored tensor keeps slots no set holds");
   }
   static constexpr auto factored_sets_ = detail::factored_slot_sets<Policy>();
 
