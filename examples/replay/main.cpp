@@ -8,6 +8,8 @@
 
 #include <array>
 #include <charconv>
+#include <cmath>
+#include <fstream>
 #include <optional>
 #include <cstdio>
 #include <exception>
@@ -40,6 +42,8 @@ constexpr const char* usage_text =
     "                      [--comm threads|mpi] [--placement sharded|owned]\n"
     "                      [--save-at K DIR] [--resume DIR]\n"
     "                      [--backend cpu|kokkos|emulated|cuda] [--zero 1|2|3]\n"
+    "                      [--max-grad-norm X] [--clip X] [--loss-scale S[,G]]\n"
+    "                      [--nan-at K] [--grad-reduce-fp32] [--log FILE]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
@@ -73,6 +77,13 @@ constexpr const char* usage_text =
     "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
     "plain group, as tests/reference/galore_cases.txt describes. muon likewise puts them in\n"
     "the Muon group and runs AdamW on the rest (--set betas=..., --set adamw_eps=...).\n"
+    "--max-grad-norm X clips the global grad norm to X inside each step; --clip X calls\n"
+    "clip_grad_norm(X) before each step instead. --loss-scale S[,G] scales the grads by a\n"
+    "dynamic loss scale starting at S (growing after G clean steps, default 2000), as a\n"
+    "training loop scales its loss. --nan-at K puts a NaN into step K's gradient (the step\n"
+    "is skipped). --grad-reduce-fp32 reduces bf16/fp16 grads in fp32 over the ranks.\n"
+    "--log FILE writes one line per step: skipped, the grad norm, clip_grad_norm's result,\n"
+    "the step count and the loss scale (hexadecimal floats, the exact bits).\n"
     "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw, muon (hyper-parameters\n"
     "by the "
     "reference implementations' argument names, tuples as comma lists: --set betas=0.9,0.95,\n"
@@ -161,6 +172,31 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--zero") {
       cfg.zero = parse_int(a, value());
       if (cfg.zero < 1 || cfg.zero > 3) throw replay::usage_error("--zero: the ZeRO stage is 1, 2 or 3");
+    } else if (a == "--max-grad-norm" || a == "--clip") {
+      const std::string v = value();
+      double x = 0.0;
+      const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (ec != std::errc{} || p != v.data() + v.size() || !(x > 0.0) || !std::isfinite(x))
+        throw replay::usage_error(std::string(a) + ": expected a finite number > 0, got '" + v + "'");
+      (a == "--clip" ? cfg.clip : cfg.max_grad_norm) = x;
+    } else if (a == "--loss-scale") {
+      const std::string v = value();
+      const auto comma = v.find(',');
+      const std::string init = v.substr(0, comma);
+      const auto [p, ec] = std::from_chars(init.data(), init.data() + init.size(), cfg.loss_scale);
+      if (ec != std::errc{} || p != init.data() + init.size() || !(cfg.loss_scale > 0.0) || !std::isfinite(cfg.loss_scale))
+        throw replay::usage_error("--loss-scale: expected S or S,G with a finite scale S > 0, got '" + v + "'");
+      if (comma != std::string::npos) {
+        cfg.growth_interval = parse_int("--loss-scale", v.substr(comma + 1));
+        if (cfg.growth_interval < 1) throw replay::usage_error("--loss-scale: the growth interval G must be >= 1");
+      }
+    } else if (a == "--nan-at") {
+      cfg.nan_at = parse_int(a, value());
+      if (cfg.nan_at < 1) throw replay::usage_error("--nan-at: the step must be >= 1");
+    } else if (a == "--grad-reduce-fp32") {
+      cfg.grad_reduce_fp32 = true;
+    } else if (a == "--log") {
+      cfg.log_path = value();
     } else if (a == "--backend") {
       cfg.backend = value();
       if (cfg.backend != "cpu" && cfg.backend != "kokkos" && cfg.backend != "emulated" && cfg.backend != "cuda")
@@ -315,8 +351,13 @@ int main(int argc, char** argv) {
     distopt::io::safetensors_writer w;
     w.set_metadata("steps", std::to_string(tr.grads.size()));
     w.set_metadata("optimizer", cfg.optimizer);
-    for (const auto& n : tr.names) w.add_f32("param." + n, tr.shapes.at(n), out.at(n));
+    for (const auto& n : tr.names) w.add_f32("param." + n, tr.shapes.at(n), out.params.at(n));
     w.write(io.out);
+    if (!cfg.log_path.empty()) {
+      std::ofstream log(cfg.log_path, std::ios::binary | std::ios::trunc);
+      log << out.log;
+      if (!log.flush()) throw std::runtime_error("--log: cannot write '" + cfg.log_path + "'");
+    }
     std::cout << "distopt-replay: " << cfg.optimizer << ", " << tr.names.size() << " tensors, "
               << tr.grads.size() << " steps -> " << io.out << "\n";
     return 0;

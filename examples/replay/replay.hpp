@@ -50,10 +50,20 @@ struct config {
   int save_at = -1;                  // --save-at K DIR: save after K steps
   std::string save_dir;
   std::string resume_dir;            // --resume DIR: load, then run the trace's remaining steps
+  double max_grad_norm = 0.0;        // --max-grad-norm X: optimizer_options::max_grad_norm
+  double clip = 0.0;                 // --clip X: clip_grad_norm(X) before every step
+  double loss_scale = 0.0;           // --loss-scale S[,G]: dynamic loss scaling from S (0 = off)
+  std::int64_t growth_interval = 2000;  //   ... growing after G clean steps
+  int nan_at = 0;                    // --nan-at K: the K-th step's gradient holds a NaN (0 = none)
+  bool grad_reduce_fp32 = false;     // --grad-reduce-fp32: optimizer_options::grad_reduce_in_fp32
+  std::string log_path;              // --log FILE: one line per step
 };
 
-/// Final params by name, fp32.
-using result = std::map<std::string, std::vector<float>>;
+/// Final params by name, fp32, and what each step reported (--log).
+struct result {
+  std::map<std::string, std::vector<float>> params;
+  std::string log;
+};
 
 // One entry point per (policy, mode), each in its own translation unit (run.cpp.in).
 #define DISTOPT_REPLAY_DECLARE(policy)                         \

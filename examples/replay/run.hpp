@@ -5,7 +5,9 @@
 
 #include <distopt/distopt.hpp>
 
+#include <cstdio>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -116,6 +118,14 @@ inline distopt::optimizer_options options_of(const config& cfg) {
   opts.grad_reduce = distopt::reduce_op::sum;
   opts.min_8bit_size = cfg.min_8bit_size;
   opts.percentile_clipping = cfg.percentile_clipping;
+  opts.max_grad_norm = cfg.max_grad_norm;
+  opts.grad_reduce_in_fp32 = cfg.grad_reduce_fp32;
+  if (cfg.loss_scale > 0.0) {
+    distopt::dynamic_loss_scale ls;
+    ls.init_scale = cfg.loss_scale;
+    ls.growth_interval = cfg.growth_interval;
+    opts.loss_scale = ls;
+  }
   return opts;
 }
 
@@ -214,17 +224,32 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     throw usage_error("--save-at " + std::to_string(cfg.save_at) + ": the trace has only " +
                       std::to_string(tr.grads.size()) + " steps");
   std::size_t steps_run = 0;
+  result out;
+  const bool writer = rank == 0 && tp.index == 0;
   for (std::size_t s = first_step; s < tr.grads.size(); ++s, ++steps_run) {
+    // --loss-scale: the grads of a loss multiplied by the scale; --nan-at: one NaN in rank
+    // 0's first tensor (every rank then skips the step).
+    const float scale = static_cast<float>(opt.loss_scale());
+    const bool nan_step = static_cast<int>(s + 1) == cfg.nan_at;
     for (std::size_t j = 0; j < tr.names.size(); ++j) {
       const std::size_t k = hooks ? tr.names.size() - 1 - j : j;
       const auto& at = plan.at[k];
       const auto& src = tr.grads[s].at(tr.names[k]);
-      write_view(opt.executor(), opt.grad(tr.names[k]),
-                 [&](std::size_t i) { return distopt::from_float<Grad>(rank == 0 ? src[at[i]] : 0.0f); });
+      write_view(opt.executor(), opt.grad(tr.names[k]), [&](std::size_t i) {
+        if (nan_step && rank == 0 && k == 0 && i == 0) return distopt::from_float<Grad>(std::numeric_limits<float>::quiet_NaN());
+        return distopt::from_float<Grad>(rank == 0 ? src[at[i]] * scale : 0.0f);
+      });
       if (hooks) opt.grads_ready(tr.names[k]);
     }
-    opt.step();
+    const double clip_norm = cfg.clip > 0.0 ? opt.clip_grad_norm(cfg.clip) : 0.0;
+    const distopt::step_result r = opt.step();
     opt.zero_grad();
+    if (!cfg.log_path.empty() && writer) {  // hexadecimal floats: the exact bits
+      char line[256];
+      std::snprintf(line, sizeof line, "step %zu: skipped %d norm %a clip %a count %lld loss_scale %a\n", s + 1,
+                    r.skipped ? 1 : 0, r.grad_norm, clip_norm, static_cast<long long>(r.step), r.loss_scale);
+      out.log += line;
+    }
 #ifdef DISTOPT_REPLAY_CHECKPOINT
     if (static_cast<int>(s + 1) == cfg.save_at) opt.save(cfg.save_dir);
 #endif
@@ -232,10 +257,10 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
 #ifdef DISTOPT_REPLAY_CHECKPOINT
   // What the resumed run did, for a reader and for tests/reference/resume_identical.cmake
   // (a load that restored nothing would start at step 0 and replay the whole trace).
-  if (!cfg.resume_dir.empty() && rank == 0 && tp.index == 0)
+  if (!cfg.resume_dir.empty() && writer)
     std::cout << "distopt-replay: resumed at step " << first_step << ", ran " << steps_run << " steps\n";
 #endif
-  if (hooks && rank == 0 && tp.index == 0) {  // what the stage keeps on a rank, before the final gather
+  if (hooks && writer) {  // what the stage keeps on a rank, before the final gather
     const distopt::memory_report m = opt.memory();
     const auto per_param = [&](std::size_t bytes) {
       return std::to_string(static_cast<double>(bytes) / static_cast<double>(opt.tensors().numel())).substr(0, 4);
@@ -245,12 +270,11 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
               << per_param(m.bytes("grads")) << ", in all " << per_param(m.total_bytes()) << " B/param\n";
   }
   // The full tensors, with this rank's parts filled in (all of them without --tp).
-  result out;
   each_gathered(
       [&](std::size_t k) {
         const auto p = read_view(opt.executor(), opt.param(tr.names[k]));
         const auto& at = plan.at[k];
-        auto& dst = out[tr.names[k]];
+        auto& dst = out.params[tr.names[k]];
         dst.assign(plan.params[k]->size(), 0.0f);
         for (std::size_t i = 0; i < p.size(); ++i) dst[at[i]] = distopt::to_float(p[i]);
       },
@@ -266,8 +290,8 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
     const rank_plan plan = plan_rank(tr, distopt::dtype::f32, false, tp_place{t, cfg.tp});
     for (std::size_t k = 0; k < tr.names.size(); ++k) {
       const auto& n = tr.names[k];
-      if (plan.at[k].size() == out[n].size()) continue;  // replicated over TP: part 0 has it all
-      for (const std::size_t f : plan.at[k]) out[n][f] = parts[static_cast<std::size_t>(t)][n][f];
+      if (plan.at[k].size() == out.params[n].size()) continue;  // replicated over TP: part 0 has it all
+      for (const std::size_t f : plan.at[k]) out.params[n][f] = parts[static_cast<std::size_t>(t)].params[n][f];
     }
   }
   return out;
@@ -367,12 +391,14 @@ result run_typed(const trace& tr, const config& cfg) {
                                                           tp_place{t, cfg.tp});
     std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
     for (const auto& n : tr.names) {
-      std::vector<float> all(mine.at(n).size() * static_cast<std::size_t>(cfg.tp));
-      parts_comm.all_gather(std::span<const float>(mine.at(n)), std::span<float>(all));
+      const std::vector<float>& part = mine.params.at(n);
+      std::vector<float> all(part.size() * static_cast<std::size_t>(cfg.tp));
+      parts_comm.all_gather(std::span<const float>(part), std::span<float>(all));
       for (int p = 0; p < cfg.tp; ++p)
-        parts[static_cast<std::size_t>(p)][n].assign(all.begin() + static_cast<std::ptrdiff_t>(p * mine.at(n).size()),
-                                                     all.begin() + static_cast<std::ptrdiff_t>((p + 1) * mine.at(n).size()));
+        parts[static_cast<std::size_t>(p)].params[n].assign(all.begin() + static_cast<std::ptrdiff_t>(p * part.size()),
+                                                            all.begin() + static_cast<std::ptrdiff_t>((p + 1) * part.size()));
     }
+    parts[0].log = std::move(mine.log);
     return merge_tp_parts(tr, cfg, std::move(parts));
 #else
     static_assert(!std::is_same_v<Mode, mpi_mode>, "the mpi mode needs DISTOPT_REPLAY_MPI");
