@@ -334,11 +334,18 @@ struct breakdown {
   double read_resident = 0;
 };
 
+/// The optimizer with the items its checkpoint writes in reach (its context is protected).
+template <class Optimizer>
+struct itemized : Optimizer {
+  using Optimizer::Optimizer;
+  auto checkpoint_items() { return distopt::io::checkpoint_access::party(this->ctx_, this->stages_).items(); }
+};
+
 template <class Opt>
 breakdown replay(Opt& opt, const fs::path& dir, double settle_s) {
   namespace io = distopt::io;
   breakdown b;
-  auto items = io::checkpoint_access::items(opt);
+  auto items = opt.checkpoint_items();
   // Save: checksums, header, write() into a temporary file, fsync, rename (and directory
   // fsync), then the unlink that removes the previous generation.
   double t = now_s();
@@ -469,8 +476,8 @@ struct result {
 /// then (d = 1) the replay.
 template <class Param>
 result measure(const settings& s, const fs::path& dir, int d) {
-  using opt_t = distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32>, distopt::threads, distopt::cpu,
-                                   distopt::precision<Param, Param>>;
+  using opt_t = itemized<distopt::optimizer<distopt::adamw, distopt::sharded<distopt::fp32>, distopt::threads,
+                                            distopt::cpu, distopt::precision<Param, Param>>>;
   result out;
   out.param = std::is_same_v<Param, float> ? "fp32" : "bf16+master";
   out.ranks = d;

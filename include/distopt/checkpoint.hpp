@@ -665,11 +665,131 @@ struct checkpoint_access {
     add_slice_item(o, out, i, suffix + ".absmax", "F32", absmax.data(), absmax.size(), 0, absmax.size(), {}, true);
   }
 
-  /// Every piece of state this rank holds, as checkpoint items.
-  template <class Opt>
-  static std::vector<distopt::detail::checkpoint_item> checkpoint_items(Opt& o) {
-    o.sync_decisions();  // a device executor's master_ready
-    if constexpr (Opt::projects) o.proj_.pull_all(o);  // a device executor's low-rank states and projections
+  // What a stage keeps of a tensor besides its element states: none by default.
+  template <class Opt, class S>
+  static void stage_items(Opt&, S&, std::vector<distopt::detail::checkpoint_item>&, std::size_t) {}
+  template <class Opt, class S>
+  static void stage_pull(const Opt&, const S&) {}
+  template <class Opt, class S>
+  static void stage_restore(Opt&, S&) {}
+  template <class Opt, class S>
+  static void stage_check_group(const Opt&, const S&, int, const typename Opt::hyper_params&) {}
+
+  // Bucket stages: their matrix stage's.
+  template <class Opt, class P, class M, class E>
+  static void stage_items(Opt& o, distopt::detail::bucket_stages<P, M, E>& s,
+                          std::vector<distopt::detail::checkpoint_item>& out, std::size_t i) {
+    stage_items(o, s.matrix, out, i);
+  }
+  template <class Opt, class P, class M, class E>
+  static void stage_pull(const Opt& o, const distopt::detail::bucket_stages<P, M, E>& s) {
+    stage_pull(o, s.matrix);
+  }
+  template <class Opt, class P, class M, class E>
+  static void stage_restore(Opt& o, distopt::detail::bucket_stages<P, M, E>& s) {
+    stage_restore(o, s.matrix);
+  }
+  /// A checkpoint's groups must not turn Muon matrices into AdamW tensors or the reverse.
+  template <class Opt, class P, class M, class E>
+  static void stage_check_group(const Opt& o, const distopt::detail::bucket_stages<P, M, E>& s, int g,
+                                const typename Opt::hyper_params& h) {
+    s.check_hyper(o, g, h);
+  }
+
+  // Layer-wise: the factored row and column states.
+  template <class Opt, class P, class St, class E>
+  static void stage_items(Opt& o, distopt::detail::layer_stage<P, St, E>& s,
+                          std::vector<distopt::detail::checkpoint_item>& out, std::size_t i) {
+    auto& lt = s.lt_[i];
+    if (!lt.factored) return;
+    const tensor_slot& t = o.layout_.tensors()[i];
+    // [slots][matrices][rows] and [slots][matrices][columns]. TP splits the rows of a
+    // matrix (its column states are then summed over TP, the same on every part), the
+    // matrices of a stack (dim 0 of a tensor of more than 2 dims), or the columns.
+    const auto m = static_cast<std::int64_t>(lt.matrices), rows = static_cast<std::int64_t>(lt.rows),
+               cols = static_cast<std::int64_t>(lt.cols);
+    const bool stack = lt.tp_split && t.tp == tp_split::rows && !lt.tp_rows;
+    if (!lt.row_state.empty()) {
+      add_whole_item(o, out, i, "row_states", lt.row_state);
+      out.back().tp = tp_box_of(o, {P::row_states, m, rows}, lt.tp_rows ? 2 : stack ? 1 : -1);
+    }
+    if (!lt.col_state.empty()) {
+      add_whole_item(o, out, i, "col_states", lt.col_state);
+      out.back().tp = tp_box_of(o, {P::col_states, m, cols}, lt.tp_cols ? 2 : stack ? 1 : -1);
+    }
+  }
+  template <class Opt, class P, class St, class E>
+  static void stage_restore(Opt& o, distopt::detail::layer_stage<P, St, E>& s) {
+    s.init_geometry(o);
+  }
+
+  // GaLore: each projected matrix's low-rank states and projection.
+  template <class Opt, class P, class St, class E>
+  static void stage_items(Opt& o, distopt::detail::projection_stage<P, St, E>& s,
+                          std::vector<distopt::detail::checkpoint_item>& out, std::size_t i) {
+    const int j = o.states_at_.matrix_index()[i];
+    if (j < 0) return;
+    const tensor_slot& t = o.layout_.tensors()[i];
+    auto& pm = s.matrices_[static_cast<std::size_t>(j)];
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = "projected." + std::to_string(k);
+      if (!pm.codes[k].empty()) add_whole_q8_items(o, out, i, name, pm.codes[k], pm.absmax[k]);
+      else add_whole_item(o, out, i, name, pm.state[k]);
+    }
+    // The projection: Q (m x r) and/or P (r x n); saved once computed, loaded when
+    // the checkpoint has it (into staging: set_ortho installs both at the end).
+    const auto side = pm.proj.side_for(pm.m, pm.n);
+    using side_t = decltype(side);
+    const std::int64_t rk = pm.proj.rank();
+    auto& staged = s.ortho_staging_[static_cast<std::size_t>(j)];
+    const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
+                                             side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
+    for (int k = 0; k < 2; ++k) {
+      if (sizes[k] == 0) continue;
+      distopt::detail::checkpoint_item it;
+      it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
+      it.tensor = t.name;
+      it.dtype = "F32";
+      it.total = it.count = sizes[k];
+      it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
+      it.tp = tp_box_of(o, {static_cast<std::int64_t>(sizes[k])}, -1);  // GaLore's matrices are not TP-split
+      it.save = writes_tensor(o, i, true) && pm.proj.has_ortho();
+      it.load = false;  // optional: when the checkpoint has it
+      it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
+      it.install = [&staged, k, n = sizes[k]](std::span<const std::byte> b) {
+        staged[static_cast<std::size_t>(k)].resize(n);
+        std::memcpy(staged[static_cast<std::size_t>(k)].data(), b.data(), n * sizeof(float));
+        staged[2].resize(1);  // marks the matrix as staged
+      };
+      out.push_back(std::move(it));
+    }
+  }
+  template <class Opt, class P, class St, class E>
+  static void stage_pull(const Opt& o, const distopt::detail::projection_stage<P, St, E>& s) {
+    s.pull_all(o);
+  }
+  /// The projectors anew from the loaded groups, with the projections the checkpoint had.
+  template <class Opt, class P, class St, class E>
+  static void stage_restore(Opt& o, distopt::detail::projection_stage<P, St, E>& s) {
+    for (std::size_t j = 0; j < s.matrices_.size(); ++j) {
+      auto& pm = s.matrices_[j];
+      auto& staged = s.ortho_staging_[j];
+      const typename Opt::hyper_params& h = o.groups_[static_cast<std::size_t>(o.layout_.tensors()[pm.tensor].group)];
+      pm.proj = decltype(pm.proj)(h);
+      if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
+      staged = {};
+    }
+    s.push_all(o);  // a device executor's copies of them
+  }
+
+  /// Every piece of state this rank holds, as checkpoint items: each tensor's params,
+  /// master weights and state slots where the state layout puts them, its percentile
+  /// clipping history, and what its stage keeps of it (factored states, projections).
+  template <class Opt, class Stages>
+  static std::vector<distopt::detail::checkpoint_item> checkpoint_items(Opt& o, Stages& stages) {
+    using distopt::detail::state_home;
+    distopt::detail::sync_decisions(o);  // a device executor's master_ready
+    stage_pull(o, stages);               // a device executor's low-rank states and projections
     std::vector<distopt::detail::checkpoint_item> out;
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
@@ -691,103 +811,39 @@ struct checkpoint_access {
       }
       for (int k = 0; k < o.slots_; ++k) {
         const std::string slot = "state." + std::to_string(k);
-        if constexpr (Opt::projects) {
-          if (o.proj_.matrix_index_[i] >= 0) continue;  // its low-rank states: below
-        }
-        if constexpr (Opt::is_quantized) {
-          const auto& q = o.q8_.pieces_[r.first];
-          if (q.quantized) {
-            add_buffer_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + q.offset, t.numel, first, count, t.shape);
-            const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
-            const std::uint64_t blocks = (t.numel + q8::block - 1) / q8::block;
-            add_buffer_item(o, out, i, slot + ".absmax", "F32", o.q8_.absmax_[k].data() + q.offset / q8::block, blocks,
-                            b0, b1 - b0, {});
-            // The blocks of a TP part are blocks of the whole tensor only when the part is
-            // whole, or a run of rows of a multiple of the block.
-            const int axis = o.tp_ && o.tp_->size() > 1 ? element_axis(o, i) : -1;
-            if (axis < 0 || (axis == 0 && t.numel % q8::block == 0))
-              out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(blocks)}, axis);
-            else
-              out.back().tp = {};
-          } else {
-            add_buffer_item(o, out, i, slot, "F32", o.q8_.small_[k].data() + q.offset, t.numel, first, count, t.shape);
-          }
-        } else if constexpr (Opt::is_layerwise) {
-          if (!((o.layer_.lt_[i].slot_mask >> k) & 1u)) continue;
-          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.layer_.slot_offset_[r.first].at[k],
-                         t.numel, first, count, t.shape);
-        } else if constexpr (Opt::projects) {
-          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.proj_.state_offset_[r.first], t.numel, first, count, t.shape);
-        } else if constexpr (Opt::orthogonalizes) {
-          if (o.ortho_.matrix_index_[i] < 0)  // AdamW's states; a Muon matrix has its momentum only
-            add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + o.ortho_.state_offset_[r.first], t.numel, first,
-                            count, t.shape);
-          else if (k == 0)
-            add_buffer_item(o, out, i, slot, sdt, o.ortho_.momentum_.data() + o.ortho_.momentum_offset_[r.first],
-                            t.numel, first, count, t.shape);
-        } else {
-          add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + p0.local, t.numel, first, count, t.shape);
+        const std::size_t at = o.states_at_.offset(r.first, k);
+        switch (o.states_at_.home(r.first, k)) {
+          case state_home::none:  // a slot this tensor does not keep
+            break;
+          case state_home::slot:
+            if constexpr (Opt::is_quantized) {
+              add_buffer_item(o, out, i, slot + ".codes", "U8", o.states_[k].data() + at, t.numel, first, count, t.shape);
+              const std::uint64_t b0 = first / q8::block, b1 = (first + count + q8::block - 1) / q8::block;
+              const std::uint64_t blocks = (t.numel + q8::block - 1) / q8::block;
+              add_buffer_item(o, out, i, slot + ".absmax", "F32", o.absmax_[k].data() + at / q8::block, blocks, b0,
+                              b1 - b0, {});
+              // The blocks of a TP part are blocks of the whole tensor only when the part is
+              // whole, or a run of rows of a multiple of the block.
+              const int axis = o.tp_ && o.tp_->size() > 1 ? element_axis(o, i) : -1;
+              if (axis < 0 || (axis == 0 && t.numel % q8::block == 0))
+                out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(blocks)}, axis);
+              else
+                out.back().tp = {};
+            } else {
+              add_buffer_item(o, out, i, slot, sdt, o.states_[k].data() + at, t.numel, first, count, t.shape);
+            }
+            break;
+          case state_home::small:  // q8: the fp32 states of a tensor below min_8bit_size
+            add_buffer_item(o, out, i, slot, "F32", o.small_[k].data() + at, t.numel, first, count, t.shape);
+            break;
+          case state_home::momentum:  // Muon: a matrix's momentum
+            add_buffer_item(o, out, i, slot, sdt, o.momentum_.data() + at, t.numel, first, count, t.shape);
+            break;
         }
       }
       if (!o.gnorm_vec_.empty())  // percentile clipping: the tensor's norm history (its holders' is exact)
         add_slice_item(o, out, i, "clip_history", "F32", o.gnorm_vec_[i].data(), 100, 0, 100, {}, true);
-      if constexpr (Opt::is_layerwise) {
-        auto& lt = o.layer_.lt_[i];
-        if (lt.factored) {
-          // [slots][matrices][rows] and [slots][matrices][columns]. TP splits the rows of a
-          // matrix (its column states are then summed over TP, the same on every part), the
-          // matrices of a stack (dim 0 of a tensor of more than 2 dims), or the columns.
-          const auto m = static_cast<std::int64_t>(lt.matrices), rows = static_cast<std::int64_t>(lt.rows),
-                     cols = static_cast<std::int64_t>(lt.cols);
-          const bool stack = lt.tp_split && t.tp == tp_split::rows && !lt.tp_rows;
-          using policy = typename Opt::policy_type;
-          if (!lt.row_state.empty()) {
-            add_whole_item(o, out, i, "row_states", lt.row_state);
-            out.back().tp = tp_box_of(o, {policy::row_states, m, rows}, lt.tp_rows ? 2 : stack ? 1 : -1);
-          }
-          if (!lt.col_state.empty()) {
-            add_whole_item(o, out, i, "col_states", lt.col_state);
-            out.back().tp = tp_box_of(o, {policy::col_states, m, cols}, lt.tp_cols ? 2 : stack ? 1 : -1);
-          }
-        }
-      }
-      if constexpr (Opt::projects) {
-        if (o.proj_.matrix_index_[i] >= 0) {
-          auto& pm = o.proj_.matrices_[static_cast<std::size_t>(o.proj_.matrix_index_[i])];
-          for (int k = 0; k < 2; ++k) {
-            const std::string name = "projected." + std::to_string(k);
-            if (!pm.codes[k].empty()) add_whole_q8_items(o, out, i, name, pm.codes[k], pm.absmax[k]);
-            else add_whole_item(o, out, i, name, pm.state[k]);
-          }
-          // The projection: Q (m x r) and/or P (r x n); saved once computed, loaded when
-          // the checkpoint has it (into staging: set_ortho installs both at the end).
-          const auto side = pm.proj.side_for(pm.m, pm.n);
-          using side_t = decltype(side);
-          const std::int64_t rk = pm.proj.rank();
-          auto& staged = o.proj_.ortho_staging_[static_cast<std::size_t>(o.proj_.matrix_index_[i])];
-          const std::array<std::uint64_t, 2> sizes{side == side_t::right ? 0u : static_cast<std::uint64_t>(pm.m * rk),
-                                                   side == side_t::left ? 0u : static_cast<std::uint64_t>(rk * pm.n)};
-          for (int k = 0; k < 2; ++k) {
-            if (sizes[k] == 0) continue;
-            distopt::detail::checkpoint_item it;
-            it.name = t.name + (k == 0 ? "/projector.left" : "/projector.right");
-            it.tensor = t.name;
-            it.dtype = "F32";
-            it.total = it.count = sizes[k];
-            it.shape = k == 0 ? std::vector<std::int64_t>{pm.m, rk} : std::vector<std::int64_t>{rk, pm.n};
-            it.tp = tp_box_of(o, {static_cast<std::int64_t>(sizes[k])}, -1);  // GaLore's matrices are not TP-split
-            it.save = writes_tensor(o, i, true) && pm.proj.has_ortho();
-            it.load = false;  // optional: when the checkpoint has it
-            it.source = reinterpret_cast<const std::byte*>(k == 0 ? pm.proj.left().data() : pm.proj.right().data());
-            it.install = [&staged, k, n = sizes[k]](std::span<const std::byte> b) {
-              staged[static_cast<std::size_t>(k)].resize(n);
-              std::memcpy(staged[static_cast<std::size_t>(k)].data(), b.data(), n * sizeof(float));
-              staged[2].resize(1);  // marks the matrix as staged
-            };
-            out.push_back(std::move(it));
-          }
-        }
-      }
+      stage_items(o, stages, out, i);
     }
     return out;
   }
@@ -795,7 +851,7 @@ struct checkpoint_access {
   /// What must match (identity) and what is restored (state) on load.
   template <class Opt>
   static distopt::detail::checkpoint_scalars checkpoint_scalars(const Opt& o) {
-    o.sync_decisions();  // a device executor's step counter and loss scaler
+    distopt::detail::sync_decisions(o);  // a device executor's step counter and loss scaler
     distopt::detail::checkpoint_scalars s;
     const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
     id("policy", std::string(Opt::policy_type::name));
@@ -836,9 +892,9 @@ struct checkpoint_access {
 
   /// Restores the state scalars (already checked to parse: checkpoint_access validates
   /// them before any rank installs anything) and finishes what install staged.
-  template <class Opt>
-  static void restore_checkpoint(Opt& o, const std::map<std::string, std::string, std::less<>>& st) {
-    o.sync_decisions();  // what the device decided is replaced below, and pushed before the next step
+  template <class Opt, class Stages>
+  static void restore_checkpoint(Opt& o, Stages& stages, const std::map<std::string, std::string, std::less<>>& st) {
+    distopt::detail::sync_decisions(o);  // what the device decided is replaced below, and pushed before the next step
     o.decisions_changed_ = true;
     o.step_ = std::stoll(st.at("step"));
     o.options_.seed = std::stoull(st.at("seed"));
@@ -848,21 +904,10 @@ struct checkpoint_access {
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = started[g] == '1';
     if (o.scaler_) o.scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
-    if constexpr (Opt::is_layerwise) o.layer_.init_geometry(o);
-    if constexpr (Opt::projects) {
-      for (std::size_t j = 0; j < o.proj_.matrices_.size(); ++j) {
-        auto& pm = o.proj_.matrices_[j];
-        auto& staged = o.proj_.ortho_staging_[j];
-        const typename Opt::hyper_params& h = o.groups_[static_cast<std::size_t>(o.layout_.tensors()[pm.tensor].group)];
-        pm.proj = decltype(pm.proj)(h);
-        if (!staged[2].empty()) pm.proj.set_ortho(pm.m, pm.n, std::move(staged[0]), std::move(staged[1]));
-        staged = {};
-      }
-      o.proj_.push_all(o);  // a device executor's copies of them
-    }
+    stage_restore(o, stages);
     o.clip_.reset();
-    o.drop_step_grads();  // a half-done backward's grads and hooks belong to the params replaced
-    if (Opt::is_sharded && o.comm_.size() > 1) o.gather_params();
+    distopt::detail::drop_step_grads(o);  // a half-done backward's grads and hooks belong to the params replaced
+    if (Opt::is_sharded && o.comm_.size() > 1) distopt::detail::gather_params(o);
   }
 
   /// The hyper-parameters of a group from their text form; throws std::invalid_argument.
@@ -881,21 +926,10 @@ struct checkpoint_access {
     return h;
   }
 
-  /// Before a load changes the params: no tensor may be gathered (its view would go
-  /// stale; refused before anything is read), and ZeRO-3's prefetches are dropped.
-  template <class Opt>
-  static void before_load(Opt& o) {
-    o.end_param_gathers("load()");
-  }
-
-  /// The optimizer's items, once its collectives in flight are done.
-  template <class Opt>
-  static std::vector<distopt::detail::checkpoint_item> items(Opt& o) {
-    o.wait_pending();
-    return checkpoint_items(o);
-  }
-  template <class Opt>
-  static detail::checkpoint_party party(Opt& o) {
+  /// The checkpoint's view of an optimizer's context and stages: what save_checkpoint
+  /// and load_checkpoint (below) ask of it, apart from its type.
+  template <class Opt, class Stages>
+  static detail::checkpoint_party party(Opt& o, Stages& stages) {
     detail::checkpoint_party p;
     auto* tp = o.tp_ ? &*o.tp_ : nullptr;
     p.rank = o.comm_.rank();
@@ -903,26 +937,28 @@ struct checkpoint_access {
     p.tp_rank = tp ? tp->rank() : 0;
     p.tp_size = tp ? tp->size() : 1;
     p.all_max = [&o, tp](std::span<double> v) {
-      o.all_reduce_host(o.comm_, v, reduce_op::max);
-      if (tp) o.all_reduce_host(*tp, v, reduce_op::max);
+      o.comms_.all_reduce_host(o.exec_, o.comm_, v, reduce_op::max);
+      if (tp) o.comms_.all_reduce_host(o.exec_, *tp, v, reduce_op::max);
     };
     p.all_gather = [&o, tp](std::span<const double> mine, std::span<double> grid) {
       if (!tp) {
-        o.all_gather_host(o.comm_, mine, grid);
+        o.comms_.all_gather_host(o.exec_, o.comm_, mine, grid);
         return;
       }
       std::vector<double> all(grid.size() / static_cast<std::size_t>(tp->size()));
-      o.all_gather_host(o.comm_, mine, std::span<double>(all));
-      o.all_gather_host(*tp, std::span<const double>(all), grid);
+      o.comms_.all_gather_host(o.exec_, o.comm_, mine, std::span<double>(all));
+      o.comms_.all_gather_host(o.exec_, *tp, std::span<const double>(all), grid);
     };
     p.scalars = [&o] { return checkpoint_scalars(o); };
-    p.items = [&o] { return items(o); };
-    p.restore = [&o](const std::map<std::string, std::string, std::less<>>& state) { restore_checkpoint(o, state); };
-    p.check_group = [&o](int g, const std::string& text) {
-      const auto h = parse_checkpoint_group<Opt>(text);
-      if constexpr (Opt::orthogonalizes) o.ortho_.check_hyper(o, g, h);
-      (void)o;
-      (void)g;
+    p.items = [&o, &stages] {  // once the collectives in flight are done
+      distopt::detail::wait_pending(o);
+      return checkpoint_items(o, stages);
+    };
+    p.restore = [&o, &stages](const std::map<std::string, std::string, std::less<>>& state) {
+      restore_checkpoint(o, stages, state);
+    };
+    p.check_group = [&o, &stages](int g, const std::string& text) {
+      stage_check_group(o, stages, g, parse_checkpoint_group<Opt>(text));
     };
     return p;
   }
@@ -1200,24 +1236,30 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
 
 }  // namespace detail
 
-/// Writes `opt`'s checkpoint into `dir` (collective): what `opt.save(dir)` calls.
+/// What `opt.save(dir)` and `opt.load(dir)` call (declared in optimizer.hpp), with the
+/// optimizer's context and stages. A load first refuses gathered tensors (their views would
+/// go stale; refused before anything is read) and drops ZeRO-3's prefetches.
+template <class Context, class Stages>
+struct checkpoint_files {
+  static void save(Context& ctx, Stages& stages, const std::filesystem::path& dir) {
+    detail::save_checkpoint(checkpoint_access::party(ctx, stages), dir);
+  }
+  static void load(Context& ctx, Stages& stages, const std::filesystem::path& dir) {
+    distopt::detail::end_param_gathers(ctx, "load()");
+    detail::load_checkpoint(checkpoint_access::party(ctx, stages), dir);
+  }
+};
+
+/// Writes `opt`'s checkpoint into `dir` (collective): `opt.save(dir)`.
 template <class Optimizer>
 void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
-  detail::save_checkpoint(checkpoint_access::party(opt), dir);
+  opt.save(dir);
 }
 
-/// Loads `opt`'s state from the checkpoint in `dir` (collective): what `opt.load(dir)` calls.
+/// Loads `opt`'s state from the checkpoint in `dir` (collective): `opt.load(dir)`.
 template <class Optimizer>
 void load_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
-  checkpoint_access::before_load(opt);
-  detail::load_checkpoint(checkpoint_access::party(opt), dir);
+  opt.load(dir);
 }
-
-/// What `opt.save(dir)` and `opt.load(dir)` call (declared in optimizer.hpp).
-template <class Optimizer>
-struct checkpoint_files {
-  static void save(Optimizer& opt, const std::filesystem::path& dir) { save_checkpoint(opt, dir); }
-  static void load(Optimizer& opt, const std::filesystem::path& dir) { load_checkpoint(opt, dir); }
-};
 
 }  // namespace distopt::io

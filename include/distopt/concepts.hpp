@@ -76,7 +76,7 @@ concept policy_updates_elements =
 
 /// A layer-wise policy (Lamb, Adafactor, CAME; see layerwise.hpp) instead declares the
 /// phases of its step and the statistics they need (its header includes
-/// detail/layer_engine.hpp, which runs them):
+/// engine/layerwise.hpp, which runs them):
 ///   static constexpr std::array<phase_spec, K> phases;       // K >= 1 passes
 ///   static constexpr int tensor_values, row_values, col_values;   // read by element<>
 ///   static constexpr int row_states, col_states;             // persistent, factored tensors

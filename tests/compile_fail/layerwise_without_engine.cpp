@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// Expected to fail to compile with: "a layer-wise policy needs #include <distopt/detail/layer_engine.hpp>".
+// Expected to fail to compile with: "a layer-wise policy needs #include <distopt/engine/layerwise.hpp>".
 // A user's layer-wise policy whose header includes only optimizer.hpp and layerwise.hpp:
 // the engine that runs its phases lives in its own header (so that element-wise optimizers
 // never parse it), and forgetting it is named, not an incomplete-type error.

@@ -536,7 +536,7 @@ BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_ar
   // One rank holds "wide" as more than two chunks, with more row sums than the engine merges
   // on one thread.
   static_assert(16400 * 3 > 2 * 16384);  // the optimizer's chunk_elems: pieces of at most 16,384
-  static_assert(16400 >= detail::layer_engine<sum_probe, float, cpu>::parallel_merge_sums);
+  static_assert(16400 >= detail::layer_stage<sum_probe, float, cpu>::parallel_merge_sums);
   std::mt19937_64 rng(29);
   std::normal_distribution<float> normal(0.0f, 1e-3f);
   const auto random_finite = [&](std::uint32_t exponent_mask) {

@@ -2,7 +2,7 @@
 // Copyright 2026 the distopt authors
 #pragma once
 /// \file One phase's element pass of a layer-wise policy over the engine's work items, as a
-/// device executor runs it (detail/layer_engine.hpp builds it): the item table a device
+/// device executor runs it (engine/layerwise.hpp builds it): the item table a device
 /// reads, and the phase whose body is the host loop (layer_range) over one item. The CUDA
 /// executor runs it with a kernel of its own (exec/cuda/layer_phase.cuh); other device
 /// executors (the emulated one) call the body once per item.
@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "../config.hpp"
+#include "../engine/state_layout.hpp"
 #include "../layerwise.hpp"
 #include "fixed_sum.hpp"
 #include "layer_loop.hpp"
@@ -33,16 +34,11 @@ struct layer_item_desc {
   bool factored = false;
 };
 
-/// A piece's offsets in the compact state slot buffers (a plain array a device can read).
-struct slot_offsets {
-  std::size_t at[4] = {};
-};
-
 /// Phase P's element pass on a device executor over work items [first_item, first_item +
 /// items) of the engine's table: a phase of one call per item (a reduction: its body adds
 /// the item's statistics in the host loop's fixed order, through the same layer_range). The
 /// item's exact sums are zeroed by the pass, and the host merges them after it
-/// (layer_engine::reduce_layer_sums). The CUDA kernel (exec/cuda/layer_phase.cuh) shares
+/// (layer_stage::reduce_layer_sums). The CUDA kernel (exec/cuda/layer_phase.cuh) shares
 /// `args` and the element body (layer_element) with it, and gives the same bits.
 template <class Policy, int P, param_mode Mode, class Param, class Grad, class State>
 struct layer_phase_body {
@@ -155,7 +151,7 @@ struct layer_tensor_desc {
 };
 
 /// After phase P's element pass on a device: each tensor's sums of the phase (its tensor
-/// sums, then each row's, then each column's, the layer_engine's per-tensor order), the
+/// sums, then each row's, then each column's, the layer stage's per-tensor order), the
 /// exact sum of its items' sums, and their values in double, so that the host copies one
 /// sum per row and column instead of one per item, or only the doubles. A phase of one
 /// item per tensor, one element per sum.

@@ -25,6 +25,7 @@
 #include "../detail/shard_plan.hpp"
 #include "../detail/update_loop.hpp"
 #include "decisions.hpp"
+#include "state_layout.hpp"
 #include "../types/rounding.hpp"
 
 namespace distopt::detail {
@@ -101,7 +102,7 @@ struct master_load_phase {
 struct bucket_pieces {
   const shard_piece* pieces = nullptr;  ///< the bucket's first piece
   const int* slots = nullptr;           ///< per group, state slots in use
-  const int* matrix_index = nullptr;  ///< per tensor (GaLore): >= 0 for projected matrices, skipped here; or null
+  const int* matrix_index = nullptr;  ///< per tensor: >= 0 for matrices a matrix stage updates (skipped here); or null
   const step_control* control = nullptr;  ///< the step decided on the device (engine/decisions.hpp), or null
   float grad_scale = 1.0f;                ///< the host's decisions (without `control`)
   std::uint64_t key = 0;
@@ -120,7 +121,7 @@ template <class Policy, int N, param_mode Mode, class Param, class Grad, class E
 struct update_phase : bucket_pieces {
   const typename Policy::scalars* scalars = nullptr;  ///< per group, this step's
   const float* tensor_scale = nullptr;              ///< per tensor (percentile clipping), or null
-  const std::size_t* state_at = nullptr;  ///< per piece of the bucket: its state offset (GaLore), or null (local index)
+  const slot_offsets* state_at = nullptr;  ///< per piece of the bucket: its slots' offsets (packed states), or null (local index)
   Param* params = nullptr;
   bool params_local = false;  ///< params indexed by local index (ZeRO-3), else buffer index
   const Grad* grads = nullptr;
@@ -135,7 +136,6 @@ struct update_phase : bucket_pieces {
   DISTOPT_HD update_args<Param, Grad, Enc> args(std::size_t c, std::size_t first) const {
     const shard_piece& pc = pieces[c];
     const float scale = tensor_scale ? step_scale() * tensor_scale[pc.tensor] : step_scale();
-    const std::size_t at = (state_at ? state_at[c] : pc.local) + first;
     update_args<Param, Grad, Enc> a{params + (params_local ? pc.local : pc.buffer) + first,
                                     grads + (grads_local ? pc.local : pc.buffer) + first,
                                     master ? master + pc.local + first : nullptr,
@@ -143,7 +143,7 @@ struct update_phase : bucket_pieces {
                                     scale,
                                     step_key(),
                                     pc.layout + first};
-    for (int k = 0; k < N; ++k) a.state[k] = state[k] + at;
+    for (int k = 0; k < N; ++k) a.state[k] = state[k] + (state_at ? state_at[c].at[k] : pc.local) + first;
     return a;
   }
   DISTOPT_HD void operator()(std::size_t c, std::size_t first, std::size_t last) const {

@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "../config.hpp"
-#include "../detail/layer_engine.hpp"
+#include "../engine/layerwise.hpp"
 #include "../layerwise.hpp"
 #include "../step_info.hpp"
 #include "factored.hpp"

@@ -39,7 +39,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/lapack.hpp"
-#include "../detail/projection_engine.hpp"
+#include "../engine/projection.hpp"
 #include "../step_info.hpp"
 #include "hyper_params.hpp"
 #include "hyper_text.hpp"

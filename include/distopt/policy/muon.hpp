@@ -23,7 +23,7 @@
 /// Pieces: `muon` (hyper-parameters, the per-element functions, `DISTOPT_HD`) and
 /// `muon_newton_schulz` (host: NS of one matrix through BLAS sgemm on one BLAS thread, so
 /// that the bits do not depend on any thread count; link distopt::muon). The optimizer's
-/// orthogonalisation engine (detail/muon_engine.hpp) keeps the momentum sharded like any
+/// orthogonalisation stage (engine/orthogonal.hpp) keeps the momentum sharded like any
 /// element state and runs NS on whole matrices.
 
 #include <algorithm>
@@ -40,7 +40,7 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/lapack.hpp"
-#include "../detail/muon_engine.hpp"
+#include "../engine/orthogonal.hpp"
 #include "../step_info.hpp"
 #include "../types/rounding.hpp"
 #include "adam.hpp"
@@ -309,7 +309,7 @@ class muon_newton_schulz {
 };
 
 /// The optimizer runs the Muon groups' matrices through muon_newton_schulz
-/// (detail/muon_engine.hpp).
+/// (engine/orthogonal.hpp).
 template <>
 struct matrix_orthogonalizer<muon> {
   using type = muon_newton_schulz;

@@ -14,7 +14,7 @@
 /// device and stream, handed the device buffers in place. The layer-wise policies
 /// (lamb, adafactor, came) run their element passes here, a thread block per work item
 /// (layer_phase.cuh), their items' sums merged here too (layer_merge_kernel), and the
-/// policies' hooks on the host between passes (detail/layer_engine.hpp). GaLore runs its
+/// policies' hooks on the host between passes (engine/layerwise.hpp). GaLore runs its
 /// scaling, low-rank Adam and update as phases here and its products and SVD on cuBLAS and
 /// cuSOLVER (matrix_ops.cuh, distopt::cuda_galore; within rounding of the CPU). The
 /// element-wise step is decided on the device (engine/decisions.hpp): with `single` it

@@ -36,7 +36,7 @@
 
 #include "../../config.hpp"
 #include "../../detail/exact_sum.hpp"
-#include "../../detail/q8_engine.hpp"
+#include "../../engine/q8.hpp"
 #include "../../engine/decisions.hpp"
 #include "../../engine/phases.hpp"
 #include "error.cuh"

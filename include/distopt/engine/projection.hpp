@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file The projection engine of distopt::optimizer (GaLore): the 2-D tensors of groups
+/// \file The projection stage of distopt::optimizer (GaLore): the 2-D tensors of groups
 /// with a rank. policy/galore_adamw.hpp includes it; other optimizers never parse it.
 ///
 /// Every rank holding part of such a matrix gets its whole reduced gradient (sharded
@@ -30,19 +30,20 @@
 #include <vector>
 
 #include "../concepts.hpp"
-#include "../engine/phases.hpp"
 #include "../exec/transfer.hpp"
 #include "../layout/registry.hpp"
 #include "../memory_report.hpp"
 #include "../shard_view.hpp"
 #include "../types/rounding.hpp"
-#include "buffer.hpp"
-#include "engines.hpp"
-#include "matrix_ops.hpp"
-#include "q8_engine.hpp"
-#include "q8_loop.hpp"
-#include "shard_plan.hpp"
-#include "update_loop.hpp"
+#include "../detail/buffer.hpp"
+#include "../detail/matrix_ops.hpp"
+#include "../detail/q8_loop.hpp"
+#include "../detail/shard_plan.hpp"
+#include "../detail/update_loop.hpp"
+#include "elementwise.hpp"
+#include "phases.hpp"
+#include "q8.hpp"
+#include "stages.hpp"
 
 namespace distopt::detail {
 
@@ -128,11 +129,12 @@ struct projected_apply_phase {
   }
 };
 
-/// The projected part of an optimizer<Policy, ...> with element states of type State
+/// The projection stage of an optimizer<Policy, ...> with element states of type State
 /// (float, bf16, or q8: codes for the low-rank states of at least min_8bit_size elements)
-/// on executor Exec. Its functions take the optimizer (whose friend it is).
+/// on executor Exec: the matrices of the groups with a rank. The other tensors are the
+/// element stage's.
 template <class Policy, class State, class Exec>
-struct projection_engine {
+struct projection_stage {
   using projector_type = typename matrix_projector<Policy>::type;
   /// The states and the projection live in device buffers (device_matrix); the host's are
   /// a mirror.
@@ -157,8 +159,8 @@ struct projection_engine {
   /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
   /// absmax), projection and one work buffer (the largest) that every rank holding the
   /// matrix keeps. The element states of the other tensors are reported as usual.
-  template <class Opt>
-  void add_memory(const Opt&, memory_report& r) const {
+  template <class Ctx>
+  void add_memory(const Ctx&, memory_report& r) const {
     std::size_t states = 0, projections = 0, work = 0;
     for (std::size_t j = 0; j < matrices_.size(); ++j) {
       const projected_matrix& t = matrices_[j];
@@ -189,8 +191,8 @@ struct projection_engine {
   /// Device executors: the factor buffers of matrix pm for its projector's side and rank
   /// (Q m x r, P r x n, by side), made at init and remade when a checkpoint's hyper-parameters
   /// change the side.
-  template <class Opt>
-  static void size_factors(Opt& o, const projected_matrix& pm, device_matrix& dm) {
+  template <class Ctx>
+  static void size_factors(Ctx& o, const projected_matrix& pm, device_matrix& dm) {
     const auto side = pm.proj.side_for(pm.m, pm.n);
     const std::int64_t r = pm.proj.rank();
     const std::size_t q = side != decltype(side)::right ? static_cast<std::size_t>(pm.m * r) : 0;
@@ -199,19 +201,18 @@ struct projection_engine {
     if (dm.p.size() != p) dm.p = p ? buffer<float, Exec>(o.exec_, p) : buffer<float, Exec>();
   }
 
-  template <class Opt>
-  const projected_matrix& matrix_of(const Opt& o, std::string_view name) const {
+  template <class Ctx>
+  const projected_matrix& matrix_of(const Ctx& o, std::string_view name) const {
     const std::size_t i = o.index_of(name);
-    if (matrix_index_[i] < 0)
+    if (o.states_at_.matrix_index()[i] < 0)
       throw std::out_of_range(std::string(Policy::name) + ": tensor '" + std::string(name) +
                               "' is not projected (not a matrix of a group with a rank)");
-    return matrices_[static_cast<std::size_t>(matrix_index_[i])];
+    return matrices_[static_cast<std::size_t>(o.states_at_.matrix_index()[i])];
   }
 
-  template <class Opt>
-  void init(Opt& o) {
+  template <class Ctx>
+  void init(Ctx& o) {
     const auto tensors = o.layout_.tensors();
-    matrix_index_.assign(tensors.size(), -1);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const typename Policy::hyper_params& h = o.groups_[static_cast<std::size_t>(tensors[i].group)];
       if (!Policy::projects(h)) continue;
@@ -230,7 +231,7 @@ struct projection_engine {
       // Its low-rank states live on the ranks that hold part of it.
       const bool held = !o.plan_.pieces_of(i).empty();
       const std::size_t ln = static_cast<std::size_t>(low[0] * low[1]);
-      if (held && Opt::is_quantized && ln >= o.options_.min_8bit_size) {
+      if (held && Ctx::is_quantized && ln >= o.options_.min_8bit_size) {
         for (int k = 0; k < 2; ++k) {  // the low-rank matrix in blocks of 256, as a tensor's
           pm.codes[k].assign(ln, q8_slot_codebook<Policy>(k).zero_code());
           pm.absmax[k].assign((ln + q8::block - 1) / q8::block, 0.0f);
@@ -242,7 +243,7 @@ struct projection_engine {
           size_factors(o, pm, dm);
         }
       }
-      matrix_index_[i] = static_cast<int>(matrices_.size());
+      o.states_at_.matrix_index()[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
       if constexpr (on_device) device_.push_back(std::move(dm));
     }
@@ -250,33 +251,21 @@ struct projection_engine {
     if (!matrices_.empty() && o.reduces_in_fp32())
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": grad_reduce_in_fp32 is not supported with projected matrices");
-    const auto& pieces = o.plan_.pieces();
-    state_offset_.assign(pieces.size(), 0);
-    std::size_t size = 0;
-    for (std::size_t c = 0; c < pieces.size(); ++c)
-      if (matrix_index_[pieces[c].tensor] < 0) {
-        state_offset_[c] = size;
-        size += pieces[c].count;
-      }
-    if constexpr (!Opt::is_quantized)  // q8: q8_engine::init allocates the element states
-      for (int k = 0; k < o.slots_; ++k) o.states_[k] = detail::buffer<State, typename Opt::executor_type>(o.exec_, size);
-    matrix_index_x_ = o.in_exec(matrix_index_, matrix_index_dev_);
-    state_offset_x_ = o.in_exec(state_offset_, state_offset_dev_);
   }
 
   /// The projector of matrix `name`, its factors copied from the device first where the
   /// device's are newer.
-  template <class Opt>
-  const projector_type& projector_of(const Opt& o, std::string_view name) const {
+  template <class Ctx>
+  const projector_type& projector_of(const Ctx& o, std::string_view name) const {
     const projected_matrix& pm = matrix_of(o, name);
-    if constexpr (on_device) pull(o, static_cast<std::size_t>(matrix_index_[pm.tensor]), false);
+    if constexpr (on_device) pull(o, static_cast<std::size_t>(o.states_at_.matrix_index()[pm.tensor]), false);
     return pm.proj;
   }
 
   /// Device executors: copies matrix j's projection (when the device's is newer) and, with
   /// `states`, its low-rank states into the host mirror (checkpoints read it).
-  template <class Opt>
-  void pull(const Opt& o, std::size_t j, bool states) const {
+  template <class Ctx>
+  void pull(const Ctx& o, std::size_t j, bool states) const {
     if constexpr (on_device) {
       projected_matrix& pm = matrices_[j];
       device_matrix& dm = device_[j];
@@ -294,15 +283,15 @@ struct projection_engine {
       }
     }
   }
-  template <class Opt>
-  void pull_all(const Opt& o) const {
+  template <class Ctx>
+  void pull_all(const Ctx& o) const {
     for (std::size_t j = 0; j < device_.size(); ++j) pull(o, j, true);
   }
 
   /// Device executors: copies the host mirror (a checkpoint just installed there) to the
   /// device: the low-rank states, and the projection if the checkpoint had one.
-  template <class Opt>
-  void push_all(Opt& o) {
+  template <class Ctx>
+  void push_all(Ctx& o) {
     if constexpr (on_device) {
       for (std::size_t j = 0; j < device_.size(); ++j) {
         projected_matrix& pm = matrices_[j];
@@ -322,12 +311,12 @@ struct projection_engine {
   }
 
   /// State slot `k` of matrix `name`'s low-rank states, decoded to fp32.
-  template <class Opt>
-  std::vector<float> state_values(const Opt& o, std::string_view name, int k) const {
+  template <class Ctx>
+  std::vector<float> state_values(const Ctx& o, std::string_view name, int k) const {
     const projected_matrix& pm = matrix_of(o, name);
     const std::size_t slot = static_cast<std::size_t>(k);
     if constexpr (on_device) {
-      const device_matrix& dm = device_[static_cast<std::size_t>(matrix_index_[pm.tensor])];
+      const device_matrix& dm = device_[static_cast<std::size_t>(o.states_at_.matrix_index()[pm.tensor])];
       std::vector<float> out(dm.state[slot].size());
       copy_bytes(o.exec_, out.data(), dm.state[slot].data(), out.size() * sizeof(float));
       return out;
@@ -339,38 +328,36 @@ struct projection_engine {
     return out;
   }
 
-  template <class Opt>
-  shard_view<const State, typename Opt::memory_space> local_state(const Opt& o, std::string_view name, int k) const {
-    const std::size_t i = o.index_of(name);
-    const detail::piece_range r = o.plan_.pieces_of(i);
-    if (matrix_index_[i] >= 0 || r.empty()) return {};
-    return {span_in<const State, typename Opt::memory_space>(o.states_[k].data() + state_offset_[r.first],
-                                                             o.plan_.local_count(i)),
-            o.plan_.pieces()[r.first].layout - o.layout_.tensors()[i].offset};
+  /// The projection runs on each bucket before its element update.
+  static constexpr bool runs_between_buckets = true;
+  template <param_mode Mode, class Ctx, class G>
+  void run_bucket(Ctx& o, const step_inputs<Policy, G>& in, const shard_bucket& b) {
+    project_bucket<Mode>(o, *in.host_scalars, in.grad_scale, in.key, b);
   }
 
   /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
   /// matrix: project, update the low-rank states, project back, apply to this rank's part.
-  template <detail::param_mode Mode, class Opt>
-  void project_bucket(Opt& o, const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
+  template <detail::param_mode Mode, class Ctx>
+  void project_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
                       const detail::shard_bucket& b) {
     bool any = false;
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || matrix_index_[i] >= 0;
+    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || o.states_at_.matrix_index()[i] >= 0;
     if (!any) return;
-    if (Opt::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
-      typename Opt::grad_type* g = o.grads_.data() + b.buffer_begin;
-      o.all_gather_exec(std::span<const typename Opt::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
-                        std::span<typename Opt::grad_type>(g, b.padded()), nullptr, nullptr);
+    if (Ctx::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
+      typename Ctx::grad_type* g = o.grads_.data() + b.buffer_begin;
+      o.comms_.all_gather(o.exec_, o.comm_,
+                          std::span<const typename Ctx::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
+                          std::span<typename Ctx::grad_type>(g, b.padded()), nullptr, nullptr);
     }
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const detail::piece_range mine = o.plan_.pieces_of(i);
-      if (matrix_index_[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
-      projected_matrix& pm = matrices_[static_cast<std::size_t>(matrix_index_[i])];
+      if (o.states_at_.matrix_index()[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
+      projected_matrix& pm = matrices_[static_cast<std::size_t>(o.states_at_.matrix_index()[i])];
       const tensor_slot& t = o.layout_.tensors()[i];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[i];
       if constexpr (on_device) {
-        update_on_device<Mode>(o, static_cast<std::size_t>(matrix_index_[i]), s, scale, key, mine);
+        update_on_device<Mode>(o, static_cast<std::size_t>(o.states_at_.matrix_index()[i]), s, scale, key, mine);
         continue;
       }
       const std::size_t mn = t.numel;
@@ -380,7 +367,7 @@ struct projection_engine {
       float* full = work_.data();
       float* low = full + mn;
       float* back = low + ln;
-      const typename Opt::grad_type* g = o.grads_.data() + o.plan_.tensor_buffer(i);
+      const typename Ctx::grad_type* g = o.grads_.data() + o.plan_.tensor_buffer(i);
       for (std::size_t e = 0; e < mn; ++e) full[e] = to_float(g[e]) * scale;
       if (pm.proj.refresh_due(o.step_ - 1)) pm.proj.refresh(full, pm.m, pm.n);
       pm.proj.project(full, low);
@@ -408,12 +395,12 @@ struct projection_engine {
     }
   }
 
-  /// The element chunk of the engine's phases.
+  /// The element chunk of the stage's phases.
   static constexpr std::size_t chunk = 4096;
 
   /// Adam on the `ln` elements of the projected gradient `low`, with fp32 states s0, s1.
-  template <class Opt>
-  static void launch_moments(Opt& o, const typename Policy::scalars& s, float* low, std::size_t ln, float* s0,
+  template <class Ctx>
+  static void launch_moments(Ctx& o, const typename Policy::scalars& s, float* low, std::size_t ln, float* s0,
                              float* s1) {
     low_rank_moments_phase<Policy> mo;
     mo.n = ln;
@@ -427,10 +414,10 @@ struct projection_engine {
 
   /// The update `back` of the matrix at layout index `tensor_offset` applied to this
   /// rank's pieces of it, `mine`.
-  template <param_mode Mode, class Opt>
-  static void launch_apply(Opt& o, const typename Policy::scalars& s, std::uint64_t key, piece_range mine,
+  template <param_mode Mode, class Ctx>
+  static void launch_apply(Ctx& o, const typename Policy::scalars& s, std::uint64_t key, piece_range mine,
                            std::size_t tensor_offset, const float* back) {
-    projected_apply_phase<Policy, Mode, typename Opt::param_type> ap;
+    projected_apply_phase<Policy, Mode, typename Ctx::param_type> ap;
     ap.s = s;
     ap.pieces = o.exec_pieces() + mine.first;
     ap.piece_count = mine.end - mine.first;
@@ -446,8 +433,8 @@ struct projection_engine {
   /// One matrix's step on a device executor: project_bucket's steps, the scaling as phases
   /// too and the products and SVD through matrix_ops on the executor's memory, in the same order (the same bits on the
   /// emulated device; cuBLAS and cuSOLVER sum in their own order on cuda).
-  template <param_mode Mode, class Opt>
-  void update_on_device(Opt& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
+  template <param_mode Mode, class Ctx>
+  void update_on_device(Ctx& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
                         piece_range mine) {
     projected_matrix& pm = matrices_[j];
     device_matrix& dm = device_[j];
@@ -471,7 +458,7 @@ struct projection_engine {
       sp.scale = by;
       launch(e, sp.items(), sp);
     };
-    widen_phase<typename Opt::grad_type> w;
+    widen_phase<typename Ctx::grad_type> w;
     w.n = mn;
     w.chunk = chunk;
     w.src = o.grads_.data() + o.plan_.tensor_buffer(pm.tensor);
@@ -499,19 +486,13 @@ struct projection_engine {
   // when read (pull), through const accessors too.
   mutable std::vector<projected_matrix> matrices_;  // the projected matrices
   mutable std::vector<device_matrix> device_;       // their device memory (device executors)
-  std::vector<int> matrix_index_;           // per tensor, its index in matrices_ or -1
-  std::vector<std::size_t> state_offset_;   // per piece, offset in the compact states
-  const int* matrix_index_x_ = nullptr;          // matrix_index_ where the executor reads it
-  const std::size_t* state_offset_x_ = nullptr;  // state_offset_ likewise
-  buffer<int, Exec> matrix_index_dev_;           // their copies in device memory
-  buffer<std::size_t, Exec> state_offset_dev_;
   std::vector<float> work_;                 // gradient, low-rank and update of one matrix
   buffer<float, Exec> work_dev_;            // the same on a device executor (and a product between)
   std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // projections being loaded
 };
 
-/// Marks the projection engine as included (optimizer.hpp checks it with a clear message).
+/// Marks the projection stage as included (optimizer.hpp checks it with a clear message).
 template <class Policy>
-struct engine_included<Policy, projection_engine_tag> : std::true_type {};
+struct stage_included<Policy, projection_stage_tag> : std::true_type {};
 
 }  // namespace distopt::detail

@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file The orthogonalisation engine of distopt::optimizer (Muon): the matrices of the
+/// \file The orthogonalisation stage of distopt::optimizer (Muon): the matrices of the
 /// groups a policy orthogonalises. policy/muon.hpp includes it; other optimizers never
 /// parse it.
 ///
 /// The momentum buffer is an element state (slot 0), sharded like any state, checkpointed
-/// and resharded like one; it lives in a compact buffer of the matrices' pieces, and the
-/// other tensors' (AdamW's) states in compact slot buffers of theirs, so that a Muon matrix
-/// costs one state, not the two slots the optimizer has. Per bucket holding such matrices, each rank
+/// and resharded like one; it lives in the context's momentum buffer, packed over the
+/// matrices' pieces, and the other tensors' (AdamW's) states in the element stage's packed
+/// slot buffers, so that a Muon matrix costs one state, not the two slots the optimizer has. Per bucket holding such matrices, each rank
 ///   1. updates the momentum of its own elements and writes the matrix NS takes (the
 ///      Nesterov blend) into an fp32 bucket stage, at the elements' places in the bucket;
 ///   2. all-gathers the stage over the data-parallel ranks (sharded storage): the same
@@ -38,24 +38,24 @@
 #include "../memory_report.hpp"
 #include "../shard_view.hpp"
 #include "../types/rounding.hpp"
-#include "buffer.hpp"
-#include "engines.hpp"
-#include "shard_plan.hpp"
-#include "update_loop.hpp"
+#include "../detail/buffer.hpp"
+#include "../detail/shard_plan.hpp"
+#include "../detail/update_loop.hpp"
+#include "elementwise.hpp"
+#include "stages.hpp"
 
 namespace distopt::detail {
 
 template <class Policy, class State>
-struct muon_engine {
+struct orthogonal_stage {
   using orthogonalizer_type = typename matrix_orthogonalizer<Policy>::type;
 
-  /// Refuses what the engine cannot run (a non-matrix in an orthogonalised group, as
+  /// Refuses what the stage cannot run (a non-matrix in an orthogonalised group, as
   /// torch.optim.Muon does; a matrix too large for BLAS), marks the matrices and lays out
   /// the compact states.
-  template <class Opt>
-  void init(Opt& o) {
+  template <class Ctx>
+  void init(Ctx& o) {
     const auto tensors = o.layout_.tensors();
-    matrix_index_.assign(tensors.size(), -1);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       const auto& t = tensors[i];
       if (!Policy::orthogonalizes(o.groups_[static_cast<std::size_t>(t.group)])) continue;
@@ -64,7 +64,7 @@ struct muon_engine {
                                     std::to_string(t.shape.size()) +
                                     "-D, in a Muon group: Muon only updates matrices (put it in a group with "
                                     "use_muon = false, which runs AdamW)");
-      matrix_index_[i] = 1;
+      o.states_at_.matrix_index()[i] = 1;
       const std::int64_t m = t.shape[0], n = t.shape[1];
       orthogonalizer_type::check_shape(t.name, m, n);  // here, not mid-step on some ranks only
       // (With a TP group of size T set later, a split matrix is T times this: checked and
@@ -74,40 +74,23 @@ struct muon_engine {
                                                 static_cast<std::size_t>(m * n) * sizeof(float));
     }
     for (const auto& b : o.plan_.buckets())
-      if (has_matrix(b)) stage_elems_ = std::max(stage_elems_, stage_window(o, b).size);
-    // Compact states: the matrices' momentum, and every slot of the other tensors.
+      if (has_matrix(o, b)) stage_elems_ = std::max(stage_elems_, stage_window(o, b).size);
+    // The matrices' momentum (slot 0), packed; the other tensors' slots are the element stage's.
     const auto& pieces = o.plan_.pieces();
-    state_offset_.assign(pieces.size(), 0);
-    momentum_offset_.assign(pieces.size(), 0);
-    std::size_t others = 0, momentum = 0;
+    std::size_t momentum = 0;
     for (std::size_t c = 0; c < pieces.size(); ++c) {
-      std::size_t& at = matrix_index_[pieces[c].tensor] >= 0 ? momentum : others;
-      (matrix_index_[pieces[c].tensor] >= 0 ? momentum_offset_ : state_offset_)[c] = at;
-      at += pieces[c].count;
+      if (!o.states_at_.whole_matrix(pieces[c].tensor)) continue;
+      o.states_at_.place(c, 0, state_home::momentum, momentum, pieces[c].count);
+      momentum += pieces[c].count;
     }
-    momentum_.assign(momentum, from_float<State>(0.0f));
-    for (int k = 0; k < o.slots_; ++k)
-      o.states_[k] = buffer<State, typename Opt::executor_type>(o.exec_, others);
-  }
-
-  /// This rank's part of state slot `k` of tensor `name`: a Muon matrix's momentum (slot
-  /// 0; nothing in other slots), or another tensor's compact state.
-  template <class Opt>
-  shard_view<const State> local_state(const Opt& o, std::string_view name, int k) const {
-    const std::size_t i = o.index_of(name);
-    const piece_range r = o.plan_.pieces_of(i);
-    if (r.empty()) return {};
-    const std::size_t n = o.plan_.local_count(i), first = o.plan_.pieces()[r.first].layout - o.layout_.tensors()[i].offset;
-    if (matrix_index_[i] < 0) return {std::span<const State>(o.states_[k].data() + state_offset_[r.first], n), first};
-    if (k != 0) return {};
-    return {std::span<const State>(momentum_.data() + momentum_offset_[r.first], n), first};
+    o.momentum_ = buffer<State, typename Ctx::executor_type>(o.exec_, momentum);
   }
 
   /// Refuses hyper-parameters for group `g` that would turn its Muon matrices into AdamW
   /// tensors or the reverse (set_hyper, a checkpoint's groups): which tensors are matrices
-  /// of the engine is fixed at construction, and so are their state slots.
-  template <class Opt>
-  void check_hyper(const Opt& o, int g, const typename Policy::hyper_params& h) const {
+  /// of the stage is fixed at construction, and so are their state slots.
+  template <class Ctx>
+  void check_hyper(const Ctx& o, int g, const typename Policy::hyper_params& h) const {
     const bool was = Policy::orthogonalizes(o.groups_[static_cast<std::size_t>(g)]);
     if (Policy::orthogonalizes(h) != was)
       throw std::invalid_argument(std::string(Policy::name) + ": group " + std::to_string(g) +
@@ -117,9 +100,9 @@ struct muon_engine {
 
   /// Memory report: the matrices' momentum, the fp32 bucket stage and the largest
   /// matrix's NS work and update.
-  template <class Opt>
-  void add_memory(const Opt&, memory_report& r) const {
-    r.entries.push_back({"state momentum", momentum_.size() * sizeof(State)});
+  template <class Ctx>
+  void add_memory(const Ctx& o, memory_report& r) const {
+    r.entries.push_back({"state momentum", o.momentum_.bytes()});
     r.entries.push_back({"orthogonalization stage", stage_elems_ * sizeof(float)});
     r.entries.push_back({"orthogonalization work", work_bytes_});
   }
@@ -129,24 +112,32 @@ struct muon_engine {
   struct window {
     std::size_t first, size;
   };
-  template <class Opt>
-  static window stage_window(const Opt& o, const shard_bucket& b) {
+  template <class Ctx>
+  static window stage_window(const Ctx& o, const shard_bucket& b) {
     if (b.owned()) return {b.shard_begin(o.plan_.rank()), b.shard_size(o.plan_.rank())};
     return {0, b.padded()};
   }
 
-  bool has_matrix(const shard_bucket& b) const {
+  template <class Ctx>
+  static bool has_matrix(const Ctx& o, const shard_bucket& b) {
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i)
-      if (matrix_index_[i] >= 0) return true;
+      if (o.states_at_.whole_matrix(i)) return true;
     return false;
+  }
+
+  /// Newton-Schulz runs on each bucket before its element update.
+  static constexpr bool runs_between_buckets = true;
+  template <param_mode Mode, class Ctx, class G>
+  void run_bucket(Ctx& o, const step_inputs<Policy, G>& in, const shard_bucket& b) {
+    orthogonalize_bucket<Mode>(o, *in.host_scalars, in.grads, in.grads_local, in.grad_scale, in.key, b);
   }
 
   /// The orthogonalised matrices of bucket `b`; `grads` as the element phase reads them
   /// (buffer index, or local index when `grads_local`).
-  template <param_mode Mode, class Opt, class G>
-  void orthogonalize_bucket(Opt& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
+  template <param_mode Mode, class Ctx, class G>
+  void orthogonalize_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
                             float grad_scale, std::uint64_t key, const shard_bucket& b) {
-    if (!has_matrix(b)) return;  // the same answer on every rank: the collective below matches
+    if (!has_matrix(o, b)) return;  // the same answer on every rank: the collective below matches
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
     const window sw = stage_window(o, b);
@@ -154,11 +145,11 @@ struct muon_engine {
     // 1. Momentum of this rank's elements, and the matrix NS takes, into the stage.
     for (std::size_t c = b.first_piece; c < b.end_piece; ++c) {
       const shard_piece& pc = pieces[c];
-      if (matrix_index_[pc.tensor] < 0) continue;
+      if (!o.states_at_.whole_matrix(pc.tensor)) continue;
       const auto& s = sc[static_cast<std::size_t>(pc.group)];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[pc.tensor];
       const G* g = grads + (grads_local ? pc.local : pc.buffer);
-      State* st = momentum_.data() + momentum_offset_[c];
+      State* st = o.momentum_.data() + o.states_at_.offset(c, 0);
       float* out = stage_.data() + (pc.buffer - b.buffer_begin - sw.first);
       for (std::size_t e = 0; e < pc.count; ++e) {
         const float grad = to_float(g[e]) * scale;
@@ -167,13 +158,13 @@ struct muon_engine {
       }
     }
     // 2. Every rank's part of the bucket (owned buckets: each matrix is its owner's alone).
-    if (Opt::is_sharded && o.comm_.size() > 1 && !b.owned())
+    if (Ctx::is_sharded && o.comm_.size() > 1 && !b.owned())
       o.comm_.all_gather(std::span<const float>(stage_.data() + b.shard_begin(o.plan_.rank()), b.shard_elems),
                          std::span<float>(stage_.data(), b.padded()));
     // 3. NS of each matrix this rank holds part of, applied to its elements.
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const piece_range mine = o.plan_.pieces_of(i);
-      if (matrix_index_[i] < 0 || mine.empty()) continue;
+      if (!o.states_at_.whole_matrix(i) || mine.empty()) continue;
       const tensor_slot& t = tensors[i];
       const auto& h = o.groups_[static_cast<std::size_t>(t.group)];
       const auto& s = sc[static_cast<std::size_t>(t.group)];
@@ -185,7 +176,7 @@ struct muon_engine {
       for (std::size_t c = mine.first; c < mine.end; ++c) {
         const shard_piece& pc = pieces[c];
         const std::size_t first = pc.layout - t.offset;  // in this TP rank's part
-        typename Opt::param_type* p = o.params_.data() + pc.buffer;
+        typename Ctx::param_type* p = o.params_.data() + pc.buffer;
         float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
         for (std::size_t e = 0; e < pc.count; ++e) {
           float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
@@ -213,8 +204,8 @@ struct muon_engine {
 
   /// Tensor `t`'s matrix: `local` (this TP rank's part) itself, or, for a matrix split over
   /// a TP group of T > 1 ranks, the T parts all-gathered and put in place.
-  template <class Opt>
-  whole_matrix gather_tp(Opt& o, const tensor_slot& t, const float* local) {
+  template <class Ctx>
+  whole_matrix gather_tp(Ctx& o, const tensor_slot& t, const float* local) {
     const std::int64_t pm = t.shape[0], pn = t.shape[1];
     const int tp = t.tp != tp_split::none && o.tp_ ? o.tp_->size() : 1;
     if (tp == 1) return {local, pm, pn, tp_split::none, pm, pn, 0};
@@ -234,12 +225,6 @@ struct muon_engine {
     return w;
   }
 
-  // Per tensor: 1 for an orthogonalised matrix, else -1. An int read as >= 0, as the
-  // projection engine's matrix index: the element update phase takes either to skip matrices.
-  std::vector<int> matrix_index_;
-  std::vector<std::size_t> state_offset_;     // per piece of another tensor: its offset in the slot buffers
-  std::vector<std::size_t> momentum_offset_;  // per piece of a matrix: its offset in momentum_
-  std::vector<State> momentum_;               // the matrices' momentum (host memory: Muon's executors)
   std::size_t stage_elems_ = 0, work_bytes_ = 0;  // for the memory report
   std::vector<float> stage_;   // one bucket: the matrices NS takes
   std::vector<float> update_;  // one matrix's orthogonalised update
@@ -247,8 +232,8 @@ struct muon_engine {
   orthogonalizer_type ortho_;
 };
 
-/// Marks the engine as included (optimizer.hpp checks it with a clear message).
+/// Marks the orthogonalisation stage as included (optimizer.hpp checks it with a clear message).
 template <class Policy>
-struct engine_included<Policy, muon_engine_tag> : std::true_type {};
+struct stage_included<Policy, orthogonal_stage_tag> : std::true_type {};
 
 }  // namespace distopt::detail
