@@ -56,7 +56,7 @@
 #include "../types/fp16.hpp"
 #include "../types/rounding.hpp"
 #include "request.hpp"
-#include "threads.hpp"  // the accumulator and chunk_begin that the byte model shares
+#include "detail/rank_order.hpp"  // the accumulator and chunk_begin that the byte model shares
 
 namespace distopt {
 
