@@ -13,7 +13,7 @@
 //                      [--repeats R] [--ranks d] [--comm threads|mpi] [--bf16] [--offload]
 //
 // --bf16: bf16 params and grads with fp32 master weights (fp32 params without it).
-// --offload: ZeRO-Offload (distopt/exec/offload.hpp) on the emulated device, bf16 params and
+// --offload: ZeRO-Offload (distopt/offload.hpp) on the emulated device, bf16 params and
 // grads with fp32 master weights; the params and grads are written through copies (a GPU
 // backward writes them in place), grads_ready and step() copy them to and from the host.
 // Rank 0's memory report (hooks on) is printed after the table, with or without --offload.
@@ -36,7 +36,7 @@
 #include <vector>
 
 #if defined(__linux__)
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 #endif
 
 #include "step_bench.hpp"

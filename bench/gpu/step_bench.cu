@@ -13,7 +13,7 @@
 
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 #include <distopt/storage/q8.hpp>
 
 #include <algorithm>
@@ -84,7 +84,7 @@ row run_case(const options& o, cudaStream_t stream, const typename Policy::hyper
           check_finite ? "on" : "off", bytes, secs, static_cast<double>(l.numel())};
 }
 
-/// ZeRO-Offload (distopt/exec/offload.hpp): bf16 params and grads on the GPU, fp32 master
+/// ZeRO-Offload (distopt/offload.hpp): bf16 params and grads on the GPU, fp32 master
 /// weights and AdamW states on the host, stepped by cpu on every host thread. A step copies
 /// the grads to the host and the params back around the host update: from page-locked host
 /// buffers (`pinned`, the default) or through pageable memory (pin_host_buffers off).

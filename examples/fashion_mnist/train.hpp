@@ -8,7 +8,7 @@
 // communicator in a `distopt::any_comm`, so that both run the same optimizer types.
 
 #include <distopt/distopt.hpp>
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 #ifdef DISTOPT_FASHION_MNIST_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif

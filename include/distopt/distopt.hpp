@@ -16,6 +16,7 @@
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
+#include "offload.hpp"
 #include "optimizer.hpp"
 #include "policy/adam.hpp"
 #include "policy/adamw.hpp"

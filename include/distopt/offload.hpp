@@ -70,181 +70,11 @@
 #include "detail/buffer.hpp"
 #include "engine/phases.hpp"
 #include "exec/cpu.hpp"
+#include "exec/offload.hpp"
 #include "exec/transfer.hpp"
 #include "optimizer.hpp"
 
 namespace distopt {
-
-/// The executor of ZeRO-Offload: `Device` (an executor of device memory: emulated_device,
-/// cuda) holds the params and grads, `cpu` steps the master weights and states. As an
-/// executor it is the device's (its memory, launches and copies); `host()` is the cpu.
-template <executor Device>
-class offload {
-  static_assert(!host_memory<Device>,
-                "distopt::offload<Device>: Device is the executor of the params and grads, one of device memory "
-                "(emulated_device, cuda); with cpu or kokkos the states are in host memory already");
-
- public:
-  using executor_concept = executor_tag;
-  using memory_space = typename Device::memory_space;
-  using device_type = Device;
-  static constexpr bool runs_host_functions = distopt::runs_host_functions<Device>;
-
-  offload() = default;
-  /// `threads` for the cpu that steps the states, and for the device where it takes a count.
-  explicit offload(int threads) : host_(threads), device_(make_executor<Device>(threads)) {}
-  offload(cpu host, Device device) : host_(std::move(host)), device_(std::move(device)) {}
-
-  cpu& host() noexcept { return host_; }
-  Device& device() noexcept { return device_; }
-  int concurrency() const noexcept { return device_.concurrency(); }
-
-  void* allocate_bytes(std::size_t bytes) { return device_.allocate_bytes(bytes); }
-  void deallocate_bytes(void* p, std::size_t bytes) noexcept { device_.deallocate_bytes(p, bytes); }
-  template <class F>
-  void parallel_for(std::size_t n, F&& f) {
-    device_.parallel_for(n, std::forward<F>(f));
-  }
-  /// Copies between host and device memory through the device (either direction).
-  void copy_bytes(void* dst, const void* src, std::size_t n) { device_.copy_bytes(dst, src, n); }
-
- private:
-  cpu host_;
-  Device device_;
-};
-
-namespace detail {
-
-/// Device buffers lent per tensor and kept for reuse: ZeRO-Offload's grads at stages 2
-/// and 3 and its gathered params at stage 3. A lend takes the smallest free buffer that
-/// holds it and is at most twice its size (the rule of the host optimizer's bucket pools),
-/// else makes one of its size; buffers are kept, so bytes() is the pool's peak.
-template <class Device>
-class device_pool {
- public:
-  /// A buffer of at least `bytes` in `device`'s memory.
-  void* lend(Device& device, std::size_t bytes) {
-    if (auto it = free_.lower_bound(bytes); it != free_.end() && it->first / 2 <= bytes) {
-      void* p = it->second;
-      lent_.emplace(p, it->first);
-      free_.erase(it);
-      return p;
-    }
-    owned_.emplace_back(device, bytes);
-    lent_.emplace(owned_.back().data(), bytes);
-    return owned_.back().data();
-  }
-  void give_back(void* p) {
-    const auto it = lent_.find(p);
-    if (it == lent_.end()) return;
-    free_.emplace(it->second, p);
-    lent_.erase(it);
-  }
-  std::size_t bytes() const noexcept {
-    std::size_t n = 0;
-    for (const auto& b : owned_) n += b.bytes();
-    return n;
-  }
-
- private:
-  std::vector<buffer<unsigned char, Device>> owned_;
-  std::multimap<std::size_t, void*> free_;  // size -> buffer
-  std::map<void*, std::size_t> lent_;       // buffer -> its size
-};
-
-/// Host memory registered with a device executor (registers_host_memory) for as long as
-/// this lives: ZeRO-Offload's host params and grads, which every step copies. Moving hands
-/// the registrations over. With an executor that cannot register, or default-constructed
-/// (optimizer_options::pin_host_buffers off), it records nothing.
-template <class Device>
-class host_registration {
- public:
-  host_registration() = default;
-  explicit host_registration(const Device& device) : device_(device) {}
-  host_registration(host_registration&& o) noexcept : device_(std::move(o.device_)), ranges_(std::move(o.ranges_)) {
-    o.ranges_.clear();
-  }
-  host_registration& operator=(host_registration&& o) noexcept {
-    if (this != &o) {
-      release();
-      device_ = std::move(o.device_);
-      ranges_ = std::move(o.ranges_);
-      o.ranges_.clear();
-    }
-    return *this;
-  }
-  ~host_registration() { release(); }
-
-  /// Whether `p` was registered here (as the start of a range).
-  bool holds(const void* p) const noexcept { return std::find(ranges_.begin(), ranges_.end(), p) != ranges_.end(); }
-
-  /// Registers `bytes` from `p` (nothing when empty). `what` names the buffer in the error.
-  void add(void* p, std::size_t bytes, const char* what) {
-    if constexpr (registers_host_memory<Device>) {
-      if (!device_ || !p || bytes == 0) return;
-      ranges_.reserve(ranges_.size() + 1);  // nothing throws between the register and the record
-      try {
-        device_->register_host(p, bytes);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(std::string("distopt::offload: page-locking the host ") + what + " (" +
-                                 std::to_string(bytes) + " bytes) failed: " + e.what() +
-                                 "; set optimizer_options::pin_host_buffers = false to copy through pageable memory");
-      }
-      ranges_.push_back(p);
-    }
-  }
-
- private:
-  void release() noexcept {
-    if constexpr (registers_host_memory<Device>)
-      for (void* p : ranges_) device_->unregister_host(p);
-    ranges_.clear();
-  }
-  std::optional<Device> device_;
-  std::vector<void*> ranges_;
-};
-
-/// Waits, when it goes, for the copies (copies_async) that an offload optimizer started
-/// last: declared after everything they read and write, it is destroyed first. Moving hands
-/// the wait over; assigning waits for its own first.
-template <class Device>
-class copy_fence {
- public:
-  copy_fence() = default;
-  copy_fence(copy_fence&& o) noexcept : device_(std::move(o.device_)), last_(std::exchange(o.last_, 0)) {}
-  copy_fence& operator=(copy_fence&& o) noexcept {
-    if (this != &o) {
-      wait();
-      device_ = std::move(o.device_);
-      last_ = std::exchange(o.last_, 0);
-    }
-    return *this;
-  }
-  ~copy_fence() { wait(); }
-
-  /// Copy `ticket` on `device` is in flight.
-  void started(const Device& device, std::uint64_t ticket) {
-    if (!device_) device_.emplace(device);
-    last_ = ticket;
-  }
-  /// Waits for every copy started so far (nothing to report: a failed wait leaves them to
-  /// the device's own teardown).
-  void wait() noexcept {
-    if constexpr (copies_async<Device>) {
-      if (last_ == 0 || !device_) return;
-      try {
-        device_->copy_wait(std::exchange(last_, 0));
-      } catch (...) {
-      }
-    }
-  }
-
- private:
-  std::optional<Device> device_;
-  std::uint64_t last_ = 0;
-};
-
-}  // namespace detail
 
 /// ZeRO-Offload (see the file comment): the host optimizer on `cpu`, with the params and
 /// grads a training code sees in `Device` memory. Everything that reads or writes only
@@ -395,7 +225,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
                              "next step's grads are written after step()");
     if constexpr (zero_stage >= 2) {
       if (!lent_grads_[i]) {
-        lent_grads_[i] = static_cast<grad_type*>(grad_pool_.lend(exec_.device(), numel(i) * sizeof(grad_type)));
+        bool fresh = false;
+        lent_grads_[i] = grad_pool_.lend(exec_.device(), numel(i), fresh);
         fill_zero(lent_grads_[i], numel(i));
       }
       return {lent_grads_[i], numel(i)};
@@ -464,7 +295,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
         const std::size_t i = index_of(name);
         const auto from = host().param(name);
         pin_pooled(param_bucket(i), "param bucket buffer");
-        lent_params_[i] = static_cast<param_type*>(param_pool_.lend(exec_.device(), from.size_bytes()));
+        bool fresh = false;
+        lent_params_[i] = param_pool_.lend(exec_.device(), from.size(), fresh);
         detail::copy_bytes(exec_, lent_params_[i], from.data(), from.size_bytes());
       }
     }
@@ -766,7 +598,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   detail::buffer<param_type, Device> params_;  // stages 0-2: laid out as host().params()
   detail::buffer<grad_type, Device> grads_;    // stages 0-1: laid out as host().grads()
   std::vector<std::size_t> param_at_, grad_at_;
-  detail::device_pool<Device> grad_pool_, param_pool_;
+  detail::buffer_pool<grad_type, Device> grad_pool_;  // stages 2-3: each tensor's device grads, lent per step
+  detail::buffer_pool<param_type, Device> param_pool_;  // stage 3: each gathered tensor's device params
   std::vector<grad_type*> lent_grads_;
   std::vector<param_type*> lent_params_;
   std::vector<bool> ready_;

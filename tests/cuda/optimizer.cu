@@ -12,7 +12,7 @@
 
 #include "check_cases.hpp"
 
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 
 #include <cmath>
 #include <cstdio>

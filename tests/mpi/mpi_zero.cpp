@@ -12,7 +12,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <distopt/comm/mpi.hpp>
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 
 #include <cstring>
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// ZeRO-Offload (distopt/exec/offload.hpp): params and grads in the emulated device's memory
+// ZeRO-Offload (distopt/offload.hpp): params and grads in the emulated device's memory
 // (which the host cannot touch outside a launch or a copy), master weights and states on
 // the host, stepped by cpu. It must not change a bit:
 //  - at stages 1, 2 and 3, with the hooks in shuffled orders, d = 1..3 ranks as threads:
@@ -16,7 +16,7 @@
 #include "zero_harness.hpp"
 
 #include <distopt/checkpoint.hpp>
-#include <distopt/exec/offload.hpp>
+#include <distopt/offload.hpp>
 
 #include <boost/test/unit_test.hpp>
 

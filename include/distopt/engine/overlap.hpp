@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
+#include <map>
 #include <ranges>
 #include <stdexcept>
 #include <string>
@@ -169,59 +170,91 @@ class param_gathers {
   std::vector<char> prefetched_;
 };
 
-/// Full-bucket buffers of T in an executor's memory, lent to buckets and returned when
-/// their reduction is done (ZeRO-2's grads) or their params are released (ZeRO-3).
-/// A bucket gets the smallest free buffer that holds it and is at most twice its size;
-/// when none is free, a buffer of the bucket's own size is made. Buffers are kept: the
-/// pool's size is its peak, and it grows only when a bucket finds no such buffer free.
-/// Buckets of one size (a transformer's layers) share as many buffers as are lent at once,
-/// and a bucket never holds a buffer more than twice its size (a large bucket's, which
-/// would make the large one need another: best fit alone did that, 1.5x the full params
-/// in the Fashion-MNIST MLP).
+/// Buffers of T in an executor's memory, lent and given back, and kept for reuse: ZeRO-2's
+/// full-bucket grads and ZeRO-3's gathered params (bucket_pool below), ZeRO-Offload's
+/// device grads and params per tensor (offload.hpp). A lend of n elements takes the
+/// smallest free buffer that holds them and is at most twice their size; when none is
+/// free, a buffer of exactly n is made. Buffers are kept: the pool's size is its peak, and
+/// it grows only when a lend finds no such buffer free. Lends of one size (a transformer's
+/// layers) share as many buffers as are lent at once, and a lend never holds a buffer more
+/// than twice its size (a large one's, which would make the large one need another: best
+/// fit alone did that, 1.5x the full params in the Fashion-MNIST MLP).
+template <class T, class Exec>
+class buffer_pool {
+ public:
+  /// A buffer of at least `n` elements. `fresh` is set when it was just made (zero-filled);
+  /// a buffer lent before holds what its last user left.
+  T* lend(Exec& exec, std::size_t n, bool& fresh) {
+    fresh = false;
+    if (auto it = free_.lower_bound(n); it != free_.end() && it->first <= 2 * n) {
+      T* p = it->second;
+      lent_.emplace(p, it->first);
+      free_.erase(it);
+      return p;
+    }
+    fresh = true;
+    owned_.emplace_back(exec, n);
+    bytes_ += owned_.back().bytes();
+    lent_.emplace(owned_.back().data(), n);
+    return owned_.back().data();
+  }
+  /// Returns a lent buffer (nothing for one this pool did not lend).
+  void give_back(T* p) {
+    const auto it = lent_.find(p);
+    if (it == lent_.end()) return;
+    free_.emplace(it->second, p);
+    lent_.erase(it);
+  }
+  /// The elements of lent buffer `p` (0 for one this pool did not lend).
+  std::size_t size_of(const T* p) const {
+    const auto it = lent_.find(p);
+    return it == lent_.end() ? 0 : it->second;
+  }
+  /// Bytes of the buffers the pool holds (lent or free): its peak.
+  std::size_t bytes() const noexcept { return bytes_; }
+  /// How many buffers it holds.
+  std::size_t buffers() const noexcept { return owned_.size(); }
+
+ private:
+  std::vector<buffer<T, Exec>> owned_;  // the buffers (their memory does not move with them)
+  std::multimap<std::size_t, T*> free_;  // elements -> a free buffer
+  std::map<const T*, std::size_t> lent_;  // a lent buffer -> its elements
+  std::size_t bytes_ = 0;
+};
+
+/// Full-bucket buffers of T, lent (buffer_pool) to buckets and returned when their
+/// reduction is done (ZeRO-2's grads) or their params are released (ZeRO-3).
 template <class T, class Exec>
 class bucket_pool {
  public:
   bucket_pool() = default;
   /// One entry of `elems` per bucket: its elements.
   explicit bucket_pool(std::vector<std::size_t> elems)
-      : held_(elems.size()), reducing_(elems.size(), 0), elems_(std::move(elems)) {}
+      : held_(elems.size(), nullptr), reducing_(elems.size(), 0), elems_(std::move(elems)) {}
 
   /// Bucket `k`'s buffer, or null when it holds none.
-  T* of(std::size_t k) const { return held_.at(k).data(); }
+  T* of(std::size_t k) const { return held_.at(k); }
   /// The bytes of bucket `k`'s buffer (0 when it holds none): a pooled buffer may be larger
   /// than the bucket (up to twice).
-  std::size_t bytes_of(std::size_t k) const { return held_.at(k).bytes(); }
+  std::size_t bytes_of(std::size_t k) const { return pool_.size_of(held_.at(k)) * sizeof(T); }
 
   /// Lends bucket `k` a buffer (the one it holds, if any). `dirty` is set when the
   /// buffer's contents may not be zeros (a returned one): the caller zeroes the bucket's
   /// elements.
   T* acquire(Exec& exec, std::size_t k, bool& dirty) {
     dirty = false;
-    if (held_.at(k).data()) return held_[k].data();
-    const std::size_t need = elems_[k];
-    std::size_t fit = free_.size();  // the smallest free buffer in [need, 2 need]
-    for (std::size_t j = 0; j < free_.size(); ++j) {
-      const std::size_t have = free_[j].size();
-      if (have >= need && have <= 2 * need && (fit == free_.size() || have < free_[fit].size())) fit = j;
-    }
-    if (fit < free_.size()) {
-      held_[k] = std::move(free_[fit]);
-      free_[fit] = std::move(free_.back());
-      free_.pop_back();
-      dirty = true;
-    } else {
-      held_[k] = buffer<T, Exec>(exec, need);  // zero-filled
-      bytes_ += held_[k].bytes();
-      ++made_;
-    }
-    return held_[k].data();
+    if (held_.at(k)) return held_[k];
+    bool fresh = false;
+    held_[k] = pool_.lend(exec, elems_[k], fresh);
+    dirty = !fresh;
+    return held_[k];
   }
 
   /// Returns bucket `k`'s buffer to the pool (nothing when it holds none).
   void release(std::size_t k) {
     reducing_.at(k) = 0;
-    if (!held_[k].data()) return;
-    free_.push_back(std::move(held_[k]));
+    if (!held_[k]) return;
+    pool_.give_back(std::exchange(held_[k], nullptr));
   }
   /// Bucket `k`'s buffer is the source of a reduction in flight: `finish` returns it.
   void reducing(std::size_t k) { reducing_.at(k) = 1; }
@@ -231,15 +264,15 @@ class bucket_pool {
   }
 
   /// Bytes of the buffers the pool holds (lent or free): its peak.
-  std::size_t bytes() const noexcept { return bytes_; }
+  std::size_t bytes() const noexcept { return pool_.bytes(); }
   /// How many buffers it holds.
-  std::size_t buffers() const noexcept { return made_; }
+  std::size_t buffers() const noexcept { return pool_.buffers(); }
 
  private:
-  std::vector<buffer<T, Exec>> held_, free_;
+  buffer_pool<T, Exec> pool_;
+  std::vector<T*> held_;
   std::vector<char> reducing_;
   std::vector<std::size_t> elems_;
-  std::size_t made_ = 0, bytes_ = 0;
 };
 
 }  // namespace distopt::detail
