@@ -141,6 +141,9 @@ class optimizer {
   static_assert(host_memory<Exec> || !projects || !is_quantized,
                 "distopt::optimizer: GaLore with 8-bit states runs on executors of host memory (cpu, kokkos); "
                 "on device executors (emulated_device, cuda) its states are fp32 or bf16");
+  static_assert(!requires { Exec::offloads_states; },
+                "distopt::optimizer over distopt::offload<Device> is ZeRO-Offload: #include <distopt/offload.hpp> "
+                "(distopt.hpp includes it)");
   static_assert(!collectives_in_device_memory<Comm> || !host_memory<Exec>,
                 "distopt::optimizer: a communicator of device memory (nccl) needs an executor of device "
                 "memory (distopt::cuda); on cpu and kokkos use single, threads, mpi or any_comm");
@@ -418,31 +421,23 @@ class optimizer {
 
   /// Takes one optimizer step over every tensor. A NaN or Inf gradient on any rank skips
   /// the step on every rank and leaves params and states bit for bit as they were.
-  /// Collective. On a device executor the step is decided on the device (engine/decisions.hpp)
-  /// and nothing is copied between host and device, unless percentile clipping is on, the
-  /// communicator stages its collectives through host memory, or (with a communicator of
-  /// device memory) check_hook_order compares each bucket's collective through a copy.
+  /// Collective. The step is decided in the executor's memory (engine/decide.hpp); on a
+  /// device executor nothing is copied between host and device for an element-wise policy,
+  /// unless percentile clipping is on, the communicator stages its collectives through host
+  /// memory, or (with a communicator of device memory) check_hook_order compares each
+  /// bucket's collective through a copy; a layer-wise policy, GaLore and Muon read the
+  /// decision on the host (one copy).
   /// No tensor may be gathered (at ZeRO-3 a gathered view would go stale; the check runs
   /// at every stage, so that a loop written for stage 1 works at 3); prefetches still in
   /// flight are dropped.
   step_return step() {
     detail::end_param_gathers(ctx_, "step()");
     ++ctx_.step_calls_;
-    if constexpr (!host_memory<Exec> && stages_type::decides_on_device) {
-      if (ctx_.decides_on_device()) {
-        detail::device_step(ctx_, stages_);
-        return step_ticket<optimizer>(*this, ctx_.step_calls_);
-      }
-    }
-    detail::sync_decisions(ctx_);
-    ctx_.last_result_ = detail::host_step(ctx_, stages_);
-    if constexpr (host_memory<Exec>) {
-      return ctx_.last_result_;
-    } else {  // the device's copy of the decisions follows
-      ctx_.decisions_changed_ = true;
-      detail::push_decisions(ctx_);
-      return step_ticket<optimizer>(*this, ctx_.step_calls_);
-    }
+    detail::decide<stages_type::prepares_on_executor>(ctx_);
+    stages_.run(ctx_);
+    detail::finish_step(ctx_);
+    if constexpr (host_memory<Exec>) return step_outcome(ctx_.step_calls_);
+    else return step_ticket<optimizer>(*this, ctx_.step_calls_);
   }
   /// The outcome of step() call `call` (counting from 1): what a step_ticket reads.
   /// Throws std::logic_error when another step has been taken since.

@@ -230,14 +230,15 @@ struct context {
     }
   }
 
-  /// True when step() decides on the device (engine/decisions.hpp): a device executor,
-  /// an element-wise policy, no percentile clipping (its history is kept on the host).
-  bool decides_on_device() const noexcept {
-    if constexpr (host_memory<Exec> || is_layerwise || projects || orthogonalizes) return false;
-    else return options_.percentile_clipping == 100;
+  /// `v` copied into `b` in the executor's memory (grown as needed), on every executor:
+  /// what a later launch reads, or writes for the host to read back.
+  template <class T>
+  T* to_exec(const std::vector<T>& v, buffer<T, Exec>& b) {
+    static_assert(std::is_trivially_copyable_v<T>, "distopt: what a launch reads is copied byte for byte");
+    if (b.size() < v.size()) b = buffer<T, Exec>(exec_, v.size());
+    copy_bytes(exec_, b.data(), v.data(), v.size() * sizeof(T));
+    return b.data();
   }
-  /// The control of the device's decisions, or null when the host decides.
-  const step_control* decision_control() const noexcept { return decides_on_device() ? control_.data() : nullptr; }
 
   template <class T>
   void fill_zero(T* p, std::size_t n) {
@@ -290,13 +291,16 @@ struct context {
   std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
   std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
   std::optional<clip_state> clip_;
-  mutable bool master_ready_ = false;        // on a device executor, a copy of the device's
-  mutable std::int64_t step_ = 0;            // idem
-  mutable std::vector<bool> state_started_;  // per group: has its state been used yet (idem)
+  // The host's copy of the decisions (engine/mirror.hpp): what control_ and started_dev_
+  // held when last read, and what the host sets before the next step pushes it there.
+  mutable step_control control_host_;
+  mutable bool master_ready_ = false;
+  mutable std::int64_t step_ = 0;
+  mutable std::vector<bool> state_started_;  // per group: has its state been used yet
   std::int64_t step_calls_ = 0;              // step() calls, skipped ones included
-  mutable step_result last_result_;          // the last step's (decided on the device: its copy)
-  // The step decided on the device (engine/decisions.hpp): its control, each group's
-  // hyper-parameters and started flag, the norm's wire image, in the executor's memory.
+  mutable step_result last_result_;          // the last step's
+  // The step's decisions (engine/decisions.hpp): its control, each group's hyper-parameters,
+  // slot count, started flag and scalars, the norm's wire image, in the executor's memory.
   buffer<step_control, Exec> control_;
   buffer<hyper_params, Exec> groups_dev_;
   buffer<unsigned char, Exec> started_dev_;

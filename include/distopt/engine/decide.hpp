@@ -1,19 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file A step's decisions and the step around its stages, as functions of the context:
-/// whether it is skipped (a NaN or Inf gradient), its gradient scale (clip coefficient /
-/// loss scale), the step counter, the loss scaler's update, each group's scalars, and the
-/// master weights' first load. On the host, or on the device (engine/decisions.hpp's
-/// phases) where the step needs nothing from the host.
+/// \file A step's decisions and what the stages read of them, as functions of the context,
+/// one path on every executor: the norm's exact sums (engine/norm.hpp), then the phases of
+/// engine/decisions.hpp in the executor's memory (whether the step is skipped, its gradient
+/// scale, the step counter, the loss scaler's update, the master weights' first load, each
+/// group's scalars). The stages read them there (the update phases) or from the host's copy
+/// (engine/mirror.hpp) where they decide something on the host.
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
-#include "../step_info.hpp"
+#include "../concepts.hpp"
 #include "collectives.hpp"
 #include "decisions.hpp"
 #include "elementwise.hpp"
@@ -23,7 +22,7 @@
 
 namespace distopt::detail {
 
-/// The master load phase over this rank's pieces; with `control`, as the device decided.
+/// The master load phase over this rank's pieces; with `control`, as the step decided.
 template <class Ctx>
 void launch_master_load(Ctx& c, const step_control* control) {
   master_load_phase<typename Ctx::param_type> load;
@@ -42,91 +41,44 @@ void load_master(Ctx& c) {
   launch_master_load(c, nullptr);
   sync_decisions(c);
   c.master_ready_ = true;
-  c.decisions_changed_ = true;  // a device executor's control learns it before the next step
+  c.decisions_changed_ = true;  // the control learns it before the next step
 }
 
-/// Each group's scalars for the step decided on the host (Policy::prepare) and its state
-/// slots in use; records the groups whose state has started.
-template <class Ctx>
-std::vector<typename Ctx::policy_type::scalars> host_group_scalars(Ctx& c, std::vector<int>& active) {
+/// Each group's scalars for the step just decided, into step_scalars_: prepare_phase on the
+/// executor, or, where the executor runs device code only (cuda) and the policy's prepare
+/// runs on the host only (`OnExecutor` false: the layer-wise policies, GaLore, Muon), the
+/// same prepare_group on the host over the host's copy of the decision.
+template <bool OnExecutor, class Ctx>
+void prepare_groups(Ctx& c) {
   using Policy = typename Ctx::policy_type;
-  std::vector<typename Policy::scalars> sc;
-  active.clear();
-  c.state_started_.resize(c.groups_.size(), false);
-  for (std::size_t g = 0; g < c.groups_.size(); ++g) {
-    const int slots = Policy::state_slots(c.groups_[g]);
-    sc.push_back(Policy::prepare(c.groups_[g], step_info{c.step_, slots > 0 && !c.state_started_[g]}));
-    active.push_back(slots);
-    if (slots > 0) c.state_started_[g] = true;
+  if constexpr (OnExecutor || runs_host_functions<typename Ctx::executor_type>) {
+    prepare_phase<Policy> prepare;
+    if constexpr (host_memory<typename Ctx::executor_type>) prepare.groups = c.groups_.data();
+    else prepare.groups = c.groups_dev_.data();
+    prepare.slots = c.step_slots_.data();
+    prepare.started = c.started_dev_.data();
+    prepare.out = c.step_scalars_.data();
+    prepare.control = c.control_.data();
+    launch(c.exec_, c.groups_.size(), prepare);
+  } else {
+    sync_decisions(c);
+    if (c.last_result_.skipped) return;
+    const std::vector<int> slots = c.group_slots();
+    std::vector<unsigned char> started(c.state_started_.begin(), c.state_started_.end());
+    std::vector<typename Policy::scalars> out(c.groups_.size());
+    for (std::size_t g = 0; g < out.size(); ++g)
+      prepare_group<Policy>(c.groups_[g], slots[g], started[g], c.step_, out[g]);
+    c.to_exec(out, c.step_scalars_);
+    c.to_exec(started, c.started_dev_);
+    c.state_started_.assign(started.begin(), started.end());
   }
-  return sc;
 }
 
-/// The per-step inputs of the update phases in the executor's memory: each group's
-/// scalars and slot counts (`sc` and `active` decided on the host; none when the device
-/// decided them, `control`), and each tensor's percentile-clipping scale.
-template <class Ctx, class G>
-step_inputs<typename Ctx::policy_type, G> update_inputs(Ctx& c, const std::vector<typename Ctx::policy_type::scalars>& sc,
-                                                       std::vector<int> active, const G* grads, float grad_scale,
-                                                       std::uint64_t key, const step_control* control) {
-  step_inputs<typename Ctx::policy_type, G> in;
-  in.scalars = control ? c.step_scalars_.data() : c.in_exec(sc, c.step_scalars_);
-  in.slots = control ? c.step_slots_.data() : c.in_exec(active, c.step_slots_);
-  in.tensor_scale = c.clip_scale_.empty() ? nullptr : c.in_exec(c.clip_scale_, c.step_clip_scale_);
-  in.grads = grads;
-  in.grads_local = c.template grads_local<G>();
-  in.control = control;
-  in.grad_scale = grad_scale;
-  in.key = key;
-  in.host_scalars = &sc;
-  in.active = std::move(active);
-  return in;
-}
-
-/// The step decided on the host: the norm's exact sums are copied to the host, which
-/// decides, prepares the group scalars and runs the stages with them.
-template <class Ctx, class Stages>
-step_result host_step(Ctx& c, Stages& stages) {
-  step_result r;
-  double norm = std::numeric_limits<double>::quiet_NaN();
-  double coef = 1.0;
-  if (c.clip_) {
-    norm = c.clip_->norm;
-    coef = c.clip_->coef;
-  } else if (c.options_.check_finite || c.scaler_ || c.options_.max_grad_norm > 0.0) {
-    norm = grad_norm(c);
-    if (c.options_.max_grad_norm > 0.0) coef = clip_coefficient(c.options_.max_grad_norm, norm);
-  }
-  reduce_grads(c);
-  c.clip_.reset();
-  next_step_grads(c);
-  r.grad_norm = norm;
-  r.found_inf = (c.options_.check_finite || c.scaler_) && !std::isfinite(norm);
-  if (r.found_inf) {
-    if (c.scaler_) c.scaler_->update(true);
-    r.skipped = true;
-    r.step = c.step_;
-    r.loss_scale = loss_scale_of(c);
-    return r;
-  }
-  ++c.step_;
-  c.params_told_ = 0;
-  if (c.uses_master() && !c.master_ready_) load_master(c);
-  const float grad_scale = static_cast<float>(coef / loss_scale_of(c));
-  if (c.options_.percentile_clipping < 100) percentile_scales(c, coef);
-  c.with_reduced_grads([&](const auto* grads) { stages.run_host(c, grads, grad_scale); });
-  if (c.scaler_) c.scaler_->update(false);
-  wait_pending(c);  // the all-gathers the update started, bucket by bucket
-  tell_params(c, c.plan_.buckets().size(), true);
-  r.step = c.step_;
-  r.loss_scale = loss_scale_of(c);
-  return r;
-}
-
-/// A step decided on the device: the norm's exact sums, the decision, each group's
-/// scalars and the update are launches that read and write the executor's memory only.
-template <class Ctx, class Stages>
-void device_step(Ctx& c, Stages& stages) {
+/// Decides the step in the executor's memory: the grads reduced, the norm's wire image
+/// (unless clip_grad_norm gave the norm, or nothing needs it), the decide phase, the master
+/// weights' first load, each group's scalars (`OnExecutor`: prepare_groups).
+template <bool OnExecutor, class Ctx>
+void decide(Ctx& c) {
   push_decisions(c);
   reduce_grads(c);
   step_rules rules;
@@ -145,7 +97,7 @@ void device_step(Ctx& c, Stages& stages) {
     rules.clip_coef = c.clip_->coef;
   }
   rules.master = c.uses_master();
-  const double* wire = !c.clip_ && (rules.check || rules.max_norm > 0.0) ? device_norm_wire(c) : nullptr;
+  const double* wire = !c.clip_ && (rules.check || rules.max_norm > 0.0) ? norm_wire(c) : nullptr;
   c.clip_.reset();
   next_step_grads(c);
   decide_phase decide;
@@ -153,17 +105,59 @@ void device_step(Ctx& c, Stages& stages) {
   decide.rules = rules;
   decide.control = c.control_.data();
   launch(c.exec_, 1, decide);
-  if (c.uses_master()) launch_master_load(c, c.control_.data());  // loads at the first step taken
-  prepare_phase<typename Ctx::policy_type> prepare;
-  prepare.groups = c.groups_dev_.data();
-  prepare.slots = c.step_slots_.data();
-  prepare.started = c.started_dev_.data();
-  prepare.out = c.step_scalars_.data();
-  prepare.control = c.control_.data();
-  launch(c.exec_, c.groups_.size(), prepare);
-  c.with_reduced_grads([&](const auto* grads) { stages.run_device(c, grads); });
-  wait_pending(c);
   c.mirror_stale_ = true;
+  c.params_told_ = 0;
+  if (c.uses_master()) launch_master_load(c, c.control_.data());  // loads at the first step taken
+  prepare_groups<OnExecutor>(c);
+}
+
+/// Whether the host reads this step's decision before the stages run: on executors of host
+/// memory (a copy costs nothing there, and a skipped step then runs no stage), and where
+/// the host decides something itself (`host_decides`: a matrix stage, the layer-wise
+/// hooks; percentile clipping). On a device otherwise, the stages run as the device decided.
+template <class Ctx>
+bool decision_on_host(const Ctx& c, bool host_decides) {
+  return host_memory<typename Ctx::executor_type> || host_decides || c.options_.percentile_clipping < 100;
+}
+
+/// What the update phases of a step read, the decision's control among them; with
+/// `host_decides`, also the host's copies of the group scalars (matrix stages), and the
+/// percentile clipping scales computed (on the host). False when the host knows the step
+/// was skipped: nothing is to run.
+template <class Ctx, class G>
+bool step_inputs_of(Ctx& c, const G* grads, bool host_decides, step_inputs<typename Ctx::policy_type, G>& in,
+                    std::vector<typename Ctx::policy_type::scalars>& host_scalars) {
+  if (decision_on_host(c, host_decides)) {
+    sync_decisions(c);
+    if (c.last_result_.skipped) return false;
+    if (c.options_.percentile_clipping < 100)
+      percentile_scales(c, c.control_host_.clip_coef, c.control_host_.step_loss_scale);
+    if (host_decides) {
+      host_scalars.resize(c.groups_.size());
+      copy_bytes(c.exec_, host_scalars.data(), c.step_scalars_.data(), host_scalars.size() * sizeof(host_scalars[0]));
+    }
+  }
+  in.scalars = c.step_scalars_.data();
+  in.slots = c.step_slots_.data();
+  in.tensor_scale = c.clip_scale_.empty() ? nullptr : c.in_exec(c.clip_scale_, c.step_clip_scale_);
+  in.grads = grads;
+  in.grads_local = c.template grads_local<G>();
+  in.control = c.control_.data();
+  in.grad_scale = c.control_host_.grad_scale;  // the host's copies, where it read them
+  in.key = c.control_host_.key;
+  in.host_scalars = &host_scalars;
+  in.active = c.group_slots();
+  return true;
+}
+
+/// After the stages: every all-gather they started waited for, and the listener (offload)
+/// told of every bucket of a step taken.
+template <class Ctx>
+void finish_step(Ctx& c) {
+  wait_pending(c);
+  if (!c.params_done_) return;
+  sync_decisions(c);
+  if (!c.last_result_.skipped) tell_params(c, c.plan_.buckets().size(), true);
 }
 
 }  // namespace distopt::detail

@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file The step's decisions as phases, for executors whose memory the host reaches only
-/// through copies (cuda, the emulated device). Whether a step is skipped, its gradient
-/// scale, the step counter, the loss scale and the stochastic-rounding key live in one
-/// `step_control` in the executor's memory. The phases below compute them there, and the
-/// update phases read them (update_phase, q8_update_phase): a step needs no copy to or
-/// from the host, so a GPU's host thread never waits for it, and the whole step can be
-/// captured into a CUDA graph and replayed.
+/// \file The step's decisions as phases, on every executor. Whether a step is skipped, its
+/// gradient scale, the step counter, the loss scale and the stochastic-rounding key live in
+/// one `step_control` in the executor's memory (host memory on cpu). The phases below
+/// compute them there, and the update phases read them (update_phase, q8_update_phase): on
+/// a device a step needs no copy to or from the host, so a GPU's host thread never waits
+/// for it, and the whole step can be captured into a CUDA graph and replayed. The host reads
+/// them (one copy, engine/mirror.hpp) where it decides something itself: percentile
+/// clipping's history, the layer-wise hooks, GaLore's refresh, Muon.
 ///
-/// The same arithmetic as the host path of optimizer::step(), in the same order (the same
-/// bits): the exact norm from the exact sums of the squares phase, the finite check,
-/// clip coefficient / loss scale, GradScaler's update, the group scalars of
-/// Policy::prepare (a DISTOPT_HD function for the policies that run on a device).
+/// The arithmetic: the exact norm from the exact sums of the squares phase, the finite
+/// check, clip coefficient / loss scale, GradScaler's update, and each group's scalars by
+/// Policy::prepare (prepare_group: a DISTOPT_HD function where the policy runs on a device).
 
 #include <cmath>
 #include <cstddef>
@@ -33,6 +33,8 @@ struct step_control {
   double grad_norm = 0.0;           ///< the last step's global norm (NaN when not computed)
   std::uint64_t key = 0;            ///< the last step's stochastic-rounding key
   float grad_scale = 1.0f;          ///< the last step's clip coefficient / loss scale
+  double clip_coef = 1.0;           ///< the last step's clip coefficient
+  double step_loss_scale = 1.0;     ///< the loss scale the last step's grads were scaled by
   int skipped = 0;                  ///< the last step was skipped (a NaN or Inf gradient)
   int master_ready = 0;             ///< the fp32 master weights hold the params
   int load_master = 0;              ///< this step loads them first (its first step not skipped)
@@ -91,6 +93,8 @@ struct decide_phase {
       if (rules.max_norm > 0.0) coef = clip_coefficient(rules.max_norm, norm);
     }
     c.grad_norm = norm;
+    c.clip_coef = coef;
+    c.step_loss_scale = c.loss_scale;
     c.skipped = rules.check && !(norm - norm == 0.0);  // NaN or Inf
     c.load_master = rules.master && !c.skipped && !c.master_ready;
     if (c.load_master) c.master_ready = 1;
@@ -119,9 +123,18 @@ struct inverse_scale_phase {
   DISTOPT_HD void operator()(std::size_t, std::size_t, std::size_t) const { out[0] = 1.0 / control->loss_scale; }
 };
 
-/// Each group's scalars for the step just decided (item g), unless it was skipped:
-/// Policy::prepare on the device, as the host path calls it. `started[g]` records that
-/// the group's state has been used (step_info::fresh_state).
+/// Group g's scalars for step `step` (Policy::prepare), and `started` set where the group
+/// keeps state: step_info::fresh_state is its first step with state in use. The one place
+/// that computes a group's scalars: prepare_phase runs it on the executor, and the host for
+/// a policy whose prepare runs on the host only on a device of device code only (cuda).
+template <class Policy>
+DISTOPT_HD void prepare_group(const typename Policy::hyper_params& h, int slots, unsigned char& started,
+                              std::int64_t step, typename Policy::scalars& out) {
+  out = Policy::prepare(h, step_info{step, slots > 0 && !started});
+  if (slots > 0) started = 1;
+}
+
+/// Each group's scalars for the step just decided (item g), unless it was skipped.
 template <class Policy>
 struct prepare_phase {
   const typename Policy::hyper_params* groups = nullptr;
@@ -132,9 +145,7 @@ struct prepare_phase {
 
   DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
   DISTOPT_HD void operator()(std::size_t g, std::size_t, std::size_t) const {
-    if (control->skipped) return;
-    out[g] = Policy::prepare(groups[g], step_info{control->step, slots[g] > 0 && !started[g]});
-    if (slots[g] > 0) started[g] = 1;
+    if (!control->skipped) prepare_group<Policy>(groups[g], slots[g], started[g], control->step, out[g]);
   }
 };
 

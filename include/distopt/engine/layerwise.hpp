@@ -241,8 +241,8 @@ struct layer_stage {
     return rows ? std::span<const float>(t.view.row_state[k]) : std::span<const float>(t.view.col_state[k]);
   }
 
-  /// A layer-wise step is decided on the host: its hooks run there between the phases.
-  static constexpr bool decides_on_device = false;
+  /// A layer-wise policy's prepare runs on the host (engine/decide.hpp).
+  static constexpr bool prepares_on_executor = false;
   /// Bytes of statistics this rank has put into all-reduces so far.
   std::size_t statistics_bytes() const noexcept { return stat_bytes_; }
 
@@ -252,18 +252,21 @@ struct layer_stage {
     return element_values(o, i, k);
   }
 
-  /// The step with the host's decisions: every phase in turn.
-  template <class Ctx, class G>
-  void run_host(Ctx& o, const G* grads, float grad_scale) {
-    wait_pending(o);  // every bucket's reduction: phase 0 reads all of them
-    std::vector<typename Policy::scalars> sc;
-    for (std::size_t g = 0; g < o.groups_.size(); ++g) sc.push_back(Policy::prepare(o.groups_[g], step_info{o.step_, o.step_ == 1}));
-    const std::uint64_t key = detail::step_key(o.options_.seed, o.step_);
-    [&]<int... P>(std::integer_sequence<int, P...>) {
-      ((o.uses_master() ? layer_phase<P, mode_for<typename Ctx::param_type>(true)>(o, sc, grads, grad_scale, key)
-                        : layer_phase<P, mode_for<typename Ctx::param_type>(false)>(o, sc, grads, grad_scale, key)),
-       ...);
-    }(std::make_integer_sequence<int, layer_phases()>{});
+  /// The step as decided (engine/decide.hpp): every phase in turn, with the host's copies
+  /// of the decision and the group scalars (the hooks run on the host).
+  template <class Ctx>
+  void run(Ctx& o) {
+    o.with_reduced_grads([&](const auto* grads) {
+      step_inputs<Policy, std::remove_cvref_t<decltype(*grads)>> in;
+      std::vector<typename Policy::scalars> sc;
+      if (!step_inputs_of(o, grads, true, in, sc)) return;
+      wait_pending(o);  // every bucket's reduction: phase 0 reads all of them
+      [&]<int... P>(std::integer_sequence<int, P...>) {
+        ((o.uses_master() ? layer_phase<P, mode_for<typename Ctx::param_type>(true)>(o, sc, grads, in.grad_scale, in.key)
+                          : layer_phase<P, mode_for<typename Ctx::param_type>(false)>(o, sc, grads, in.grad_scale, in.key)),
+         ...);
+      }(std::make_integer_sequence<int, layer_phases()>{});
+    });
   }
 
   template <int P, detail::param_mode Mode, class Ctx, class G>

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 
+#include "../concepts.hpp"
 #include "../memory_report.hpp"
 #include "state_layout.hpp"
 
@@ -45,11 +46,15 @@ memory_report memory_of(const Ctx& c, const Stages& stages) {
   }
   stages.add_memory(c, r);
   if (!c.gnorm_vec_.empty()) r.entries.push_back({"clip history", c.gnorm_vec_.size() * sizeof(c.gnorm_vec_[0])});
-  // Device executors: the piece table and what each step's launches read and write there.
-  const std::size_t tables = c.pieces_dev_.bytes() + c.step_scalars_.bytes() + c.step_slots_.bytes() +
-                             c.step_clip_scale_.bytes() + c.step_skip_.bytes() + c.step_sums_.bytes() +
-                             c.control_.bytes() + c.groups_dev_.bytes() + c.started_dev_.bytes() + c.norm_wire_.bytes();
-  if (tables) r.entries.push_back({"step tables", tables});
+  // Device executors: the piece table and what each step's launches read and write there
+  // (a host executor's are a few hundred bytes of the step's decisions, not counted, as the
+  // host's temporaries are not).
+  if constexpr (!host_memory<typename Ctx::executor_type>) {
+    const std::size_t tables = c.pieces_dev_.bytes() + c.step_scalars_.bytes() + c.step_slots_.bytes() +
+                               c.step_clip_scale_.bytes() + c.step_skip_.bytes() + c.step_sums_.bytes() +
+                               c.control_.bytes() + c.groups_dev_.bytes() + c.started_dev_.bytes() + c.norm_wire_.bytes();
+    if (tables) r.entries.push_back({"step tables", tables});
+  }
   r.entries.push_back({"padding", padding});
   r.entries.push_back({"comm buffers", c.staging_.bytes()});
   return r;

@@ -18,12 +18,12 @@
 
 namespace distopt::detail {
 
-/// Refreshes the host's copy of the device's decisions when the device has decided steps
-/// since: one copy from the device, a synchronisation.
+/// Refreshes the host's copy of the decisions when steps were decided since it was last
+/// read: one copy from the executor's memory (on a device, a synchronisation).
 template <class Ctx>
 void sync_decisions(const Ctx& c) {
   if (!c.mirror_stale_) return;
-  step_control s;
+  step_control& s = c.control_host_;
   copy_bytes(c.exec_, &s, c.control_.data(), sizeof s);
   std::vector<unsigned char> started(c.groups_.size());
   copy_bytes(c.exec_, started.data(), c.started_dev_.data(), started.size());
@@ -42,38 +42,37 @@ double loss_scale_of(const Ctx& c) {
   return c.scaler_ ? c.scaler_->scale() : 1.0;
 }
 
-/// Copies the host's decisions state (after construction, set_hyper, a checkpoint load
-/// or a step decided on the host) to the device, where the next step reads it.
+/// Copies what the host changed of the decisions (after construction, set_hyper, a
+/// checkpoint load, the master weights loaded) to the executor's memory, where the next
+/// step reads it.
 template <class Ctx>
 void push_decisions(Ctx& c) {
   using Exec = typename Ctx::executor_type;
-  if constexpr (!host_memory<Exec>) {
-    static_assert(std::is_trivially_copyable_v<typename Ctx::hyper_params>,
-                  "distopt: a device executor reads the hyper-parameters in its memory: they must be trivially copyable");
-    if (c.control_.size() == 0) {
-      c.control_ = buffer<step_control, Exec>(c.exec_, 1);
-      c.norm_wire_ = buffer<double, Exec>(c.exec_, exact_sum::wire_size);
-      c.step_scalars_ = buffer<typename Ctx::policy_type::scalars, Exec>(c.exec_, c.groups_.size());
-    }
-    if (c.decisions_changed_) {
-      sync_decisions(c);
-      step_control s;
-      s.step = c.step_;
-      s.loss_scale = c.scaler_ ? c.scaler_->scale() : 1.0;
-      s.growth_tracker = c.scaler_ ? c.scaler_->growth_tracker() : 0;
-      s.master_ready = c.master_ready_;
-      copy_bytes(c.exec_, c.control_.data(), &s, sizeof s);
-      std::vector<unsigned char> started(c.groups_.size());
-      for (std::size_t g = 0; g < c.groups_.size(); ++g)
-        started[g] = g < c.state_started_.size() && c.state_started_[g];
-      c.in_exec(started, c.started_dev_);
-      c.decisions_changed_ = false;
-    }
-    if (c.groups_changed_) {  // set_hyper: the hyper-parameters and slot counts only
-      c.in_exec(c.groups_, c.groups_dev_);
-      c.in_exec(c.group_slots(), c.step_slots_);
-      c.groups_changed_ = false;
-    }
+  static_assert(host_memory<Exec> || std::is_trivially_copyable_v<typename Ctx::hyper_params>,
+                "distopt: a device executor reads the hyper-parameters in its memory: they must be trivially copyable");
+  if (c.control_.size() == 0) {
+    c.control_ = buffer<step_control, Exec>(c.exec_, 1);
+    c.norm_wire_ = buffer<double, Exec>(c.exec_, exact_sum::wire_size);
+    c.step_scalars_ = buffer<typename Ctx::policy_type::scalars, Exec>(c.exec_, c.groups_.size());
+  }
+  if (c.decisions_changed_) {
+    sync_decisions(c);
+    step_control s;
+    s.step = c.step_;
+    s.loss_scale = c.scaler_ ? c.scaler_->scale() : 1.0;
+    s.growth_tracker = c.scaler_ ? c.scaler_->growth_tracker() : 0;
+    s.master_ready = c.master_ready_;
+    copy_bytes(c.exec_, c.control_.data(), &s, sizeof s);
+    c.control_host_ = s;
+    std::vector<unsigned char> started(c.groups_.size());
+    for (std::size_t g = 0; g < c.groups_.size(); ++g) started[g] = g < c.state_started_.size() && c.state_started_[g];
+    c.to_exec(started, c.started_dev_);
+    c.decisions_changed_ = false;
+  }
+  if (c.groups_changed_) {  // set_hyper: the hyper-parameters and slot counts only
+    if constexpr (!host_memory<Exec>) c.to_exec(c.groups_, c.groups_dev_);  // (a host reads groups_ in place)
+    c.to_exec(c.group_slots(), c.step_slots_);
+    c.groups_changed_ = false;
   }
 }
 

@@ -141,10 +141,10 @@ double grad_norm(Ctx& c) {
 }
 
 /// The global squared norm's exact sum as an all-reduced wire image in the executor's
-/// memory: the squares phase (grads / the device's loss scale), their sum, and the
-/// all-reduce over ranks where the norm spans them.
+/// memory, for the step's decision: the squares phase (grads / the loss scale in the
+/// step's control), their sum, and the all-reduce over ranks where the norm spans them.
 template <class Ctx>
-const double* device_norm_wire(Ctx& c) {
+const double* norm_wire(Ctx& c) {
   wait_pending(c);
   const double* loss_scale = &c.control_.data()->loss_scale;
   norm_wire_phase sum;
@@ -161,12 +161,13 @@ const double* device_norm_wire(Ctx& c) {
 /// Percentile clipping: the exact squared norm of each tensor's (unscaled, clipped)
 /// gradient, all-reduced over DP for the tensors cut across ranks and over TP for split
 /// ones; then each tensor's history and scale, as bitsandbytes' percentile_clipping.
+/// `coef`: the step's clip coefficient; `loss_scale`: what its grads were scaled by.
 template <class Ctx>
-void percentile_scales(Ctx& c, double coef) {
+void percentile_scales(Ctx& c, double coef, double loss_scale) {
   wait_pending(c);  // the reductions reduce_grads left in flight write the grads read here
   const auto tensors = c.layout_.tensors();
   const auto& pieces = c.plan_.pieces();
-  const double inv = 1.0 / loss_scale_of(c);
+  const double inv = 1.0 / loss_scale;
   const std::vector<exact_sum> piece_sums = c.with_reduced_grads(  // one sum per piece
       [&](const auto* grads) { return run_squares(c, squares_of(c, grads, inv)); });
   std::vector<exact_sum> sums(tensors.size());

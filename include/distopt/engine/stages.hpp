@@ -81,24 +81,19 @@ struct bucket_stages {
     element.init(c);
   }
 
-  /// Whether a step can be decided on the device (engine/decide.hpp): nothing runs on
-  /// the host between the buckets' updates.
-  static constexpr bool decides_on_device = !Matrix::runs_between_buckets;
+  /// Each group's scalars are prepared on the executor (engine/decide.hpp): an
+  /// element-wise policy's prepare is a DISTOPT_HD function; GaLore's and Muon's run on the host.
+  static constexpr bool prepares_on_executor = !Matrix::runs_between_buckets;
 
-  /// The update with the host's decisions: each group's scalars prepared here.
-  template <class Ctx, class G>
-  void run_host(Ctx& c, const G* grads, float grad_scale) {
-    std::vector<int> active;
-    const auto sc = host_group_scalars(c, active);
-    const auto in = update_inputs(c, sc, std::move(active), grads, grad_scale, step_key(c.options_.seed, c.step_), nullptr);
-    with_param_mode(c, [&](auto mode) { run<decltype(mode)::value>(c, in); });
-  }
-  /// The update with the device's decisions (its control and scalars).
-  template <class Ctx, class G>
-  void run_device(Ctx& c, const G* grads) {
-    const std::vector<typename Policy::scalars> none;  // prepared on the device
-    const auto in = update_inputs(c, none, c.group_slots(), grads, 1.0f, 0, c.control_.data());
-    with_param_mode(c, [&](auto mode) { run<decltype(mode)::value>(c, in); });
+  /// The step's update, as decided (engine/decide.hpp).
+  template <class Ctx>
+  void run(Ctx& c) {
+    c.with_reduced_grads([&](const auto* grads) {
+      step_inputs<Policy, std::remove_cvref_t<decltype(*grads)>> in;
+      std::vector<typename Policy::scalars> host_scalars;
+      if (!step_inputs_of(c, grads, Matrix::runs_between_buckets, in, host_scalars)) return;
+      with_param_mode(c, [&](auto mode) { run<decltype(mode)::value>(c, in); });
+    });
   }
 
   /// The update of every bucket (step_inputs: what the phases read this step).
