@@ -179,9 +179,12 @@ class timed_cpu {
     });
     call c;
     c.wall = std::chrono::duration<double>(clock::now() - t0).count();
-    // The merges' index functions are lambdas of layer_engine::reduce_layer_sums, whose
-    // name their mangled type names carry (GCC and Clang).
-    c.host = std::string_view(typeid(std::remove_cvref_t<F>).name()).find("reduce_layer_sums") != std::string_view::npos;
+    // The merges run detail::layer_merge_phase (through detail::launch's lambda) and the
+    // conversions lambdas of layer_stage::reduce_layer_sums: names their mangled type names
+    // carry (GCC and Clang).
+    const std::string_view type = typeid(std::remove_cvref_t<F>).name();
+    c.host = type.find("reduce_layer_sums") != std::string_view::npos ||
+             type.find("layer_merge_phase") != std::string_view::npos;
     for (const auto& b : busy) {
       c.busy_sum += b.load();
       c.busy_max = std::max(c.busy_max, b.load());

@@ -13,6 +13,15 @@
 #define DISTOPT_KERNEL
 #endif
 
+/// Before a DISTOPT_HD function template that some instantiations call only on the host,
+/// with a function that runs on the host only (a policy's host-only `prepare`): nvcc then
+/// checks the call where the device calls it, not where it is instantiated (#20011-D).
+#if defined(__CUDACC__)
+#define DISTOPT_HD_CALLS_HOST _Pragma("nv_exec_check_disable")
+#else
+#define DISTOPT_HD_CALLS_HOST
+#endif
+
 /// Forces inlining of the small per-element functions the hot loops are made of.
 #if defined(__GNUC__) || defined(__clang__)
 #define DISTOPT_INLINE inline __attribute__((always_inline))

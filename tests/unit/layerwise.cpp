@@ -523,7 +523,7 @@ documented_sums documented(const std::vector<float>& g, std::size_t rows_per_mat
 /// units, with odd-unit values between them) and then cancel, so a lost low bit shows.
 /// Tensor "wide" is four pieces (16,384 elements each at most), so a rank with two threads
 /// holds it as several work items whose row sums (a row cut between items) and column sums
-/// the host merges; with one rank there are more than layer_engine's parallel_merge_sums,
+/// the host merges; with one rank there are more than the layer stage's parallel_merge_sums,
 /// which merges them on the executor's threads, with three ranks fewer: on one thread.
 BOOST_AUTO_TEST_CASE(statistics_follow_their_documented_order_and_column_sums_are_exact) {
   constexpr std::size_t rows = 700, cols = 9;  // 700 > column_window::max_rows

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
 #pragma once
-/// \file One phase's element pass of a layer-wise policy over the engine's work items, as a
-/// device executor runs it (engine/layerwise.hpp builds it): the item table a device
-/// reads, and the phase whose body is the host loop (layer_range) over one item. The CUDA
-/// executor runs it with a kernel of its own (exec/cuda/layer_phase.cuh); other device
-/// executors (the emulated one) call the body once per item.
+/// \file One phase's element pass of a layer-wise policy over the stage's work items, on
+/// every executor (engine/layerwise.hpp builds it): the item table, and the phase whose
+/// body runs the element loop (layer_range) over one item, and the merge of the items' sums
+/// per tensor. A host executor calls the body once per item on its threads; the CUDA
+/// executor runs it with a kernel of its own (exec/cuda/layer_phase.cuh).
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "../config.hpp"
 #include "../engine/state_layout.hpp"
@@ -30,17 +31,23 @@ struct layer_item_desc {
   std::size_t values_at = 0;  ///< the tensor's values in the statistics mirror; then its row and column values
   std::size_t sums_at[4] = {};  ///< per phase: the item's first fixed_sum (each phase's sums packed)
   std::size_t cols_at = 0;      ///< the item's first column double and window exponent
+  std::size_t scratch_at = 0;   ///< host executors: where the slots it does not keep write
   unsigned slot_mask = 0;
   bool factored = false;
 };
 
-/// Phase P's element pass on a device executor over work items [first_item, first_item +
-/// items) of the engine's table: a phase of one call per item (a reduction: its body adds
-/// the item's statistics in the host loop's fixed order, through the same layer_range). The
-/// item's exact sums are zeroed by the pass, and the host merges them after it
-/// (layer_stage::reduce_layer_sums). The CUDA kernel (exec/cuda/layer_phase.cuh) shares
-/// `args` and the element body (layer_element) with it, and gives the same bits.
-template <class Policy, int P, param_mode Mode, class Param, class Grad, class State>
+/// Phase P's element pass over work items [first_item, first_item + items) of the stage's
+/// table: a phase of one call per item (a reduction: its body adds the item's statistics in
+/// a fixed order, through layer_range). The item's exact sums are zeroed by the pass, and
+/// layer_merge_phase merges them after it. The CUDA kernel (exec/cuda/layer_phase.cuh)
+/// shares `args` and the element body (layer_element) with it, and gives the same bits.
+///
+/// A state slot a tensor does not keep: with `Absent` (device executors) its pointers are
+/// null and the loop tests them; on a host (STYLE.md: no null test in a loop of a header
+/// with AVX2 clones) it reads `zeros` and writes the item's `scratch`, and a factored
+/// tensor's loop is compiled for its set of slots (the policy's factored_slots), so that
+/// the slots outside it are left out.
+template <class Policy, int P, param_mode Mode, class Param, class Grad, class State, bool Absent = true>
 struct layer_phase_body {
   using policy = Policy;
   static constexpr int phase = P;
@@ -72,6 +79,8 @@ struct layer_phase_body {
   /// the CUDA executor a thread block per piece).
   std::size_t piece_first = 0, piece_count = 0;
   const std::size_t* piece_item = nullptr;
+  const State* zeros = nullptr;  ///< host executors (not Absent): at least a piece's elements of zeros
+  State* scratch = nullptr;      ///< host executors: the items' scratch, at each item's scratch_at
 
   DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
 
@@ -110,9 +119,10 @@ struct layer_phase_body {
     a.grad = grads + (grads_local ? pc.local : pc.buffer);
     a.master = master ? master + pc.local : nullptr;
     for (int k = 0; k < Policy::max_state_slots; ++k) {
-      State* s = (it.slot_mask >> k) & 1u ? state[k] + slots[c].at[k] : nullptr;
-      a.state_out[k] = s;
-      a.state_in[k] = s;
+      const bool kept = (it.slot_mask >> k) & 1u;
+      State* s = kept ? state[k] + slots[c].at[k] : nullptr;
+      a.state_out[k] = s || Absent ? s : scratch + it.scratch_at;
+      a.state_in[k] = s || Absent ? s : zeros;
     }
     a.random_base = pc.layout;
     a.first = pc.layout - it.tensor_offset;
@@ -133,11 +143,30 @@ struct layer_phase_body {
       a = args(it, c);
       a.window = &w;
       const typename Policy::scalars& sc = scalars[pieces[c].group];
-      if (f) layer_range<Policy, P, true, Mode, Param, Grad, State, true>(sc, a, pieces[c].count);
-      else layer_range<Policy, P, false, Mode, Param, Grad, State, true>(sc, a, pieces[c].count);
+      if (f) factored_range(it.slot_mask, sc, a, pieces[c].count);
+      else layer_range<Policy, P, false, Mode, Param, Grad, State, Absent>(sc, a, pieces[c].count);
     }
     if constexpr (spec.col_sums > 0)
       if (f) fold_matrix(w, a.col_sums, static_cast<std::size_t>(spec.col_sums), it.cols, it.col_first, it.col_count);
+  }
+
+  /// A factored tensor's element pass: on a host, compiled for the first set of slots that
+  /// holds the ones it keeps (sets that touch the same slots in this phase share one
+  /// instantiation; a slot of the set it does not keep reads zeros and writes scratch).
+  DISTOPT_HD void factored_range(unsigned slot_mask, const typename Policy::scalars& sc,
+                                 const layer_args<Param, Grad, State>& a, std::size_t n) const {
+    if constexpr (Absent) {
+      layer_range<Policy, P, true, Mode, Param, Grad, State, true>(sc, a, n);
+    } else {
+      constexpr auto sets = factored_slot_sets<Policy>();
+      constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
+      const int set = factored_set_of<Policy>(slot_mask);  // the stage refuses a tensor no set holds
+      [&]<std::size_t... S>(std::index_sequence<S...>) {
+        ((set == static_cast<int>(S) ? layer_range<Policy, P, true, Mode, Param, Grad, State, false, sets[S] & touched>(sc, a, n)
+                                     : void()),
+         ...);
+      }(std::make_index_sequence<sets.size()>{});
+    }
   }
 };
 

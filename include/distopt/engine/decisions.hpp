@@ -127,6 +127,7 @@ struct inverse_scale_phase {
 /// keeps state: step_info::fresh_state is its first step with state in use. The one place
 /// that computes a group's scalars: prepare_phase runs it on the executor, and the host for
 /// a policy whose prepare runs on the host only on a device of device code only (cuda).
+DISTOPT_HD_CALLS_HOST
 template <class Policy>
 DISTOPT_HD void prepare_group(const typename Policy::hyper_params& h, int slots, unsigned char& started,
                               std::int64_t step, typename Policy::scalars& out) {

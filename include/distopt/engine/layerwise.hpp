@@ -34,6 +34,7 @@
 #include "../types/rounding.hpp"
 #include "collectives.hpp"
 #include "elementwise.hpp"
+#include "layerwise_items.hpp"
 #include "phases.hpp"
 #include "schedule.hpp"
 #include "stages.hpp"
@@ -41,30 +42,16 @@
 namespace distopt::detail {
 
 /// The layer-wise stage of an optimizer<Policy, ...> with states of type State on executor
-/// Exec. Its functions take the step's context for the buffers, plan and groups. On a host executor the element pass is a host loop per work item, and the host
-/// merges the items' sums. On a device executor it is a launch of layer_phase_body (on cuda
-/// a kernel of its own), and a launch of layer_merge_phase merges the items' sums there and
-/// converts them to double; the host copies the doubles, or the merged sums where a DP or TP
-/// wire needs them. Either way the host reduces the sums over ranks and runs the policy's
-/// hooks on the row and column states (host vectors), and on a device the values the
-/// element functions read are copied back before the next launch.
+/// Exec; its functions take the step's context. Each phase is one element pass over the
+/// work items (engine/layerwise_items.hpp: layer_phase_body, on every executor), the
+/// items' exact sums merged per tensor (layer_merge_phase), reduced over the DP ranks a
+/// tensor is cut across and over the TP group, then the policy's hooks on the host, per
+/// tensor, on the row and column states and the values the next pass reads.
 template <class Policy, class State, class Exec>
 struct layer_stage {
   static constexpr bool on_device = !host_memory<Exec>;
-  /// Device executors: the fewest matrix rows of a factored tensor in one work item. The
-  /// CUDA kernel runs a thread block per item: 256 rows left most of an H200 idle (ncu,
-  /// 2026-11-28: 192 blocks for 60 M params, 17 % of the warps active); each item keeps exact
-  /// column sums of 88 B, about 1.4 B per element at 64 rows.
-  static constexpr std::size_t device_item_rows = 64;
-  /// Host executors: the same floor, higher. Items are 2 per thread per tensor for balance,
-  /// but each keeps exact sums of its matrices' columns and the host merges them: at 16
-  /// threads on a 1024-row matrix that was 32 items of 32 rows, 2.75 B of sums per element
-  /// and column statistic, zeroed and merged every phase. At 256 rows, 0.34 B.
-  static constexpr std::size_t host_item_rows = 256;
-  /// Host executors: the fewest of a phase's item sums (88 B each) that are merged per tensor
-  /// on the executor's threads; fewer (Lamb's two per item: a few microseconds on one
-  /// thread) are not worth waking the pool for.
-  static constexpr std::size_t parallel_merge_sums = 16384;
+  /// (engine/layerwise_items.hpp)
+  static constexpr std::size_t parallel_merge_sums = layer_items<Policy, State, Exec>::parallel_merge_sums;
 
   /// How the statistics wires (host memory) are summed over a group: the context's
   /// comm_adapter, which stages them through device memory for a device communicator.
@@ -73,65 +60,47 @@ struct layer_stage {
     return [&o](typename Ctx::comm_type& c, std::span<double> v) { o.comms_.all_reduce_host(o.exec_, c, v, reduce_op::sum); };
   }
 
-  /// One tensor of the layout as the layer-wise step sees it.
-  struct layer_tensor {
-    bool local = false;       // this rank holds part of it
-    bool factored = false;
-    bool straddles = false;   // its elements lie in more than one DP rank's shard
-    bool tp_split = false;    // split over the TP group (any axis)
-    bool tp_rows = false;     // its matrices' rows are split over TP (column sums need TP)
-    bool tp_cols = false;     // its matrices' columns are split over TP (row sums need TP)
-    unsigned slot_mask = 0;   // state slots kept for it
-    std::size_t matrices = 1, rows = 0, cols = 0;  // local geometry of a factored tensor
-    std::size_t first_piece = 0, end_piece = 0;
-    std::vector<float> row_state, col_state, row_values, col_values, values;
-    std::vector<detail::fixed_sum> tsum, rsum, csum;  // this phase, merged over items
-    std::vector<double> tsum_d, rsum_d, csum_d, totals;
-    tensor_stats view;
-  };
-  /// A run of one tensor's pieces, with its own accumulators (merged exactly afterwards).
-  struct layer_item {
-    std::size_t tensor = 0, piece_begin = 0, piece_end = 0;
-    std::size_t row_first = 0, row_count = 0, col_first = 0, col_count = 0;
-    std::vector<detail::fixed_sum> tsum, rsum, csum;
-    // The column windows in front of csum (layer_loop.hpp). Their exponents are kept per
-    // phase from step to step: only a guess of where the next values lie.
-    std::vector<double> cacc;
-    std::array<std::vector<std::uint32_t>, static_cast<std::size_t>(Policy::phases.size())> clo;
-    detail::column_window window;
-  };
-
   static constexpr int layer_phases() { return static_cast<int>(Policy::phases.size()); }
 
-  /// Allocates the compact state slots, the factored states and the work items.
+  /// The tensors' slots (packed: slot k holds the pieces of the tensors that keep it),
+  /// factored states and work items.
   template <class Ctx>
   void init(Ctx& o) {
     const auto tensors = o.layout_.tensors();
     lt_.assign(tensors.size(), layer_tensor{});
     const auto& pieces = o.plan_.pieces();
     for (std::size_t i = 0; i < tensors.size(); ++i) {
-      const detail::piece_range r = o.plan_.pieces_of(i);
-      lt_[i].local = !r.empty();
-      lt_[i].first_piece = r.first;
-      lt_[i].end_piece = r.end;
-      lt_[i].straddles = o.plan_.straddles(i);
-    }
-    // Packed slot buffers: slot k holds the pieces of the tensors that keep it.
-    std::array<std::size_t, 4> size{};
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const piece_range r = o.plan_.pieces_of(i);
+      layer_tensor& t = lt_[i];
+      t.local = !r.empty();
+      t.first_piece = r.first;
+      t.end_piece = r.end;
+      t.straddles = o.plan_.straddles(i);
       const typename Policy::hyper_params& h = o.groups_[static_cast<std::size_t>(tensors[i].group)];
-      lt_[i].factored = Policy::factored(h, tensors[i].shape);
+      t.factored = Policy::factored(h, tensors[i].shape);
       for (int k = 0; k < Policy::max_state_slots; ++k)
-        if (k < o.slots_ && Policy::uses_slot(h, k, lt_[i].factored)) lt_[i].slot_mask |= 1u << k;
-      if (lt_[i].factored && detail::factored_set_of<Policy>(lt_[i].slot_mask) < 0) {
+        if (k < o.slots_ && Policy::uses_slot(h, k, t.factored)) t.slot_mask |= 1u << k;
+      if (t.factored && factored_set_of<Policy>(t.slot_mask) < 0) {
         std::string kept;
         for (int k = 0; k < Policy::max_state_slots; ++k)
-          if ((lt_[i].slot_mask >> k) & 1u) kept += (kept.empty() ? "" : ", ") + std::to_string(k);
+          if ((t.slot_mask >> k) & 1u) kept += (kept.empty() ? "" : ", ") + std::to_string(k);
         throw std::logic_error(std::string(Policy::name) + ": tensor '" + tensors[i].name +
                                "' is factored and keeps the state slots {" + kept +
                                "}, which no set of the policy's factored_slots holds");
       }
+      if (t.local && t.factored) {
+        const auto& shape = tensors[i].shape;
+        t.cols = static_cast<std::size_t>(shape.back());
+        t.rows = static_cast<std::size_t>(shape[shape.size() - 2]);
+        t.matrices = tensors[i].numel / (t.rows * t.cols);
+      }
+      if (!t.local) continue;
+      const std::size_t rows = t.matrices * t.rows, cols = t.matrices * t.cols;
+      t.row_state.assign(static_cast<std::size_t>(Policy::row_states) * rows, 0.0f);
+      t.col_state.assign(static_cast<std::size_t>(Policy::col_states) * cols, 0.0f);
+      t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
     }
+    std::array<std::size_t, 4> size{};
     for (std::size_t c = 0; c < pieces.size(); ++c)
       for (int k = 0; k < Policy::max_state_slots; ++k)
         if ((lt_[pieces[c].tensor].slot_mask >> k) & 1u) {
@@ -139,61 +108,8 @@ struct layer_stage {
           size[static_cast<std::size_t>(k)] += pieces[c].count;
         }
     for (int k = 0; k < o.slots_; ++k)
-      o.states_[k] = detail::buffer<State, typename Ctx::executor_type>(o.exec_, size[static_cast<std::size_t>(k)]);
-    for (std::size_t i = 0; i < tensors.size(); ++i) {
-      layer_tensor& t = lt_[i];
-      if (!t.local) continue;
-      const auto& shape = tensors[i].shape;
-      if (t.factored) {
-        t.cols = static_cast<std::size_t>(shape.back());
-        t.rows = static_cast<std::size_t>(shape[shape.size() - 2]);
-        t.matrices = tensors[i].numel / (t.rows * t.cols);
-      }
-      const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-      t.row_state.assign(static_cast<std::size_t>(Policy::row_states) * r, 0.0f);
-      t.col_state.assign(static_cast<std::size_t>(Policy::col_states) * c, 0.0f);
-      t.row_values.assign(static_cast<std::size_t>(Policy::row_values) * r, 0.0f);
-      t.col_values.assign(static_cast<std::size_t>(Policy::col_values) * c, 0.0f);
-      t.values.assign(static_cast<std::size_t>(Policy::tensor_values), 0.0f);
-      t.totals.assign(t.matrices * static_cast<std::size_t>(Policy::row_states), 0.0);
-      // Work items: at most 2 per thread per tensor, so that column accumulators stay small.
-      const std::size_t n = t.end_piece - t.first_piece;
-      std::size_t per_item = std::max<std::size_t>(1, (n + 2 * o.exec_.concurrency() - 1) / (2 * o.exec_.concurrency()));
-      if (t.factored) {
-        // Each item keeps exact sums of its matrices' columns (88 B each): items of at
-        // least item_rows rows keep them near 88 * col_sums / item_rows B per element (more
-        // when a matrix has fewer rows).
-        std::size_t local = 0;
-        for (std::size_t c = t.first_piece; c < t.end_piece; ++c) local += pieces[c].count;
-        const std::size_t want = (on_device ? device_item_rows : host_item_rows) * t.cols;
-        per_item = std::max(per_item, local ? (n * want + local - 1) / local : n);
-      }
-      for (std::size_t a = t.first_piece; a < t.end_piece; a += per_item) {
-        layer_item it;
-        it.tensor = i;
-        it.piece_begin = a;
-        it.piece_end = std::min(t.end_piece, a + per_item);
-        if (t.factored) {
-          const std::size_t first = pieces[a].layout - tensors[i].offset;
-          const auto& last_piece = pieces[it.piece_end - 1];
-          const std::size_t last = last_piece.layout + last_piece.count - 1 - tensors[i].offset;
-          it.row_first = first / t.cols;
-          it.row_count = last / t.cols - it.row_first + 1;
-          it.col_first = first / (t.rows * t.cols) * t.cols;
-          it.col_count = (last / (t.rows * t.cols) + 1) * t.cols - it.col_first;
-        }
-        items_.push_back(std::move(it));
-      }
-    }
-    tensor_items_.assign(lt_.size() + 1, items_.size());
-    for (std::size_t j = items_.size(); j-- > 0;) tensor_items_[items_[j].tensor] = j;
-    for (std::size_t i = lt_.size(); i-- > 0;) tensor_items_[i] = std::min(tensor_items_[i], tensor_items_[i + 1]);
-    if constexpr (on_device) init_device(o);
-    // Items of each bucket, for the last phase's bucket-by-bucket all-gathers: a bucket is a
-    // run of whole tensors, so its items start at its first tensor's.
-    bucket_items_.assign(o.plan_.buckets().size() + 1, items_.size());
-    for (std::size_t k = 0; k < o.plan_.buckets().size(); ++k)
-      bucket_items_[k] = tensor_items_[o.plan_.buckets()[k].first_tensor];
+      o.states_[k] = buffer<State, typename Ctx::executor_type>(o.exec_, size[static_cast<std::size_t>(k)]);
+    items_.init(o, lt_);
     init_geometry(o);
   }
 
@@ -269,114 +185,25 @@ struct layer_stage {
     });
   }
 
-  template <int P, detail::param_mode Mode, class Ctx, class G>
-  void run_item(Ctx& o, const typename Policy::scalars& sc, const G* grads, float grad_scale, std::uint64_t key,
-                layer_item& it) {
-    const layer_tensor& t = lt_[it.tensor];
-    const tensor_slot& ts = o.layout_.tensors()[it.tensor];
-    const bool local = o.template grads_local<G>();
-    {  // this phase's sums of the item, zeroed by the thread that fills them
-      constexpr phase_spec spec = Policy::phases[P];
-      it.tsum.assign(static_cast<std::size_t>(spec.tensor_sums), {});
-      it.rsum.assign(t.factored ? static_cast<std::size_t>(spec.row_sums) * it.row_count : 0, {});
-      it.csum.assign(t.factored ? static_cast<std::size_t>(spec.col_sums) * it.col_count : 0, {});
-      it.cacc.assign(it.csum.size(), 0.0);
-      std::vector<std::uint32_t>& lo = it.clo[static_cast<std::size_t>(P)];
-      if (lo.size() != it.csum.size()) lo.assign(it.csum.size(), detail::column_window::unset);
-      it.window = {it.cacc.data(), lo.data(), 0, detail::column_window::none, detail::column_window::none};
-    }
-    const auto& pieces = o.plan_.pieces();
-    for (std::size_t c = it.piece_begin; c < it.piece_end; ++c) {
-      const detail::shard_piece& pc = pieces[c];
-      detail::layer_args<typename Ctx::param_type, G, State> a{};
-      a.param = o.params_.data() + o.param_at(pc);
-      a.grad = grads + (local ? pc.local : pc.buffer);
-      a.master = o.uses_master() ? o.master_.data() + pc.local : nullptr;
-      // Slots this tensor does not keep: read zeros, write to this thread's scratch (unless
-      // the loop leaves them out: a factored tensor's slots outside its set).
-      thread_local std::vector<State> scratch;
-      if (t.slot_mask != (1u << Policy::max_state_slots) - 1 && scratch.size() < pc.count) scratch.resize(pc.count);
-      for (int k = 0; k < Policy::max_state_slots; ++k) {
-        const bool kept = (t.slot_mask >> k) & 1u;
-        a.state_out[k] = kept ? o.states_[k].data() + o.states_at_.offset(c, k) : scratch.data();
-        a.state_in[k] = kept ? a.state_out[k] : detail::zero_states<State, Ctx::chunk_elems>();
-      }
-      a.grad_scale = grad_scale;
-      a.random_key = key;
-      a.random_base = pc.layout;
-      a.first = pc.layout - ts.offset;
-      a.cols = t.cols;
-      a.matrix = t.rows * t.cols;
-      a.block = o.layout_.block_size();
-      a.tensor_values = t.values.data();
-      for (int k = 0; k < Policy::row_values; ++k) a.row_values[k] = t.view.row_values[k].data();
-      for (int k = 0; k < Policy::col_values; ++k) a.col_values[k] = t.view.col_values[k].data();
-      a.tensor_sums = it.tsum.data();
-      a.row_sums = it.rsum.data();
-      a.col_sums = it.csum.data();
-      a.window = &it.window;
-      a.row_first = it.row_first;
-      a.row_count = it.row_count;
-      a.col_first = it.col_first;
-      a.col_count = it.col_count;
-      if (t.factored) factored_range<P, Mode>(t.slot_mask, sc, a, pc.count);
-      else detail::layer_range<Policy, P, false, Mode>(sc, a, pc.count);
-    }
-    if constexpr (Policy::phases[P].col_sums > 0)
-      if (t.factored)
-        detail::fold_matrix(it.window, it.csum.data(), static_cast<std::size_t>(Policy::phases[P].col_sums), t.cols,
-                            it.col_first, it.col_count);
-  }
-
-  /// A factored tensor's element pass, compiled for the first set of slots that holds the
-  /// ones it keeps (sets that touch the same slots in this phase share one instantiation;
-  /// a slot of the set it does not keep reads zeros and writes scratch, see run_item).
-  template <int P, detail::param_mode Mode, class Args>
-  static void factored_range(unsigned slot_mask, const typename Policy::scalars& sc, const Args& a, std::size_t n) {
-    constexpr unsigned touched = Policy::phases[P].reads_slots | Policy::phases[P].writes_slots;
-    const int set = detail::factored_set_of<Policy>(slot_mask);
-    const bool ran = [&]<std::size_t... S>(std::index_sequence<S...>) {
-      return ((set == static_cast<int>(S)
-                   ? (detail::layer_range<Policy, P, true, Mode, typename Args::param_type, typename Args::grad_type,
-                                          typename Args::state_type, false, factored_sets_[S] & touched>(sc, a, n),
-                      true)
-                   : false) ||
-              ...);
-    }(std::make_index_sequence<factored_sets_.size()>{});
-    if (!ran)  // init refuses such a tensor; never reached
-      throw std::logic_error(std::string(Policy::name) + ": a factored tensor keeps slots no set holds");
-  }
-  static constexpr auto factored_sets_ = detail::factored_slot_sets<Policy>();
-
-  /// One phase: the element pass over this rank's pieces, the exact sums merged over
-  /// items, reduced over the DP ranks sharing each tensor and over the TP group, then
-  /// the policy's host hooks for every tensor this rank holds part of.
-  template <int P, detail::param_mode Mode, class Ctx, class G>
+  /// One phase: the element pass over this rank's items, the exact sums merged per tensor,
+  /// reduced over the DP ranks sharing each tensor and over the TP group, then the
+  /// policy's host hooks for every tensor this rank holds part of.
+  template <int P, param_mode Mode, class Ctx, class G>
   void layer_phase(Ctx& o, const std::vector<typename Policy::scalars>& sc, const G* grads, float grad_scale,
                    std::uint64_t key) {
     constexpr phase_spec spec = Policy::phases[P];
-    constexpr bool last = P + 1 == layer_phases();
-    const typename Policy::scalars* sc_exec = nullptr;
-    if constexpr (on_device) {
-      push_values(o);
-      sc_exec = o.in_exec(sc, scalars_dev_);
-    }
+    items_.push_values(o);
+    const typename Policy::scalars* sc_exec = o.in_exec(sc, scalars_dev_);
     const auto run = [&](std::size_t begin, std::size_t end) {
-      if constexpr (on_device) {
-        launch_items<P, Mode>(o, sc_exec, grads, grad_scale, key, begin, end);
-      } else {
-        o.exec_.parallel_for(end - begin, [&](std::size_t j) {
-          layer_item& it = items_[begin + j];
-          run_item<P, Mode>(o, sc[static_cast<std::size_t>(o.layout_.tensors()[it.tensor].group)], grads, grad_scale,
-                            key, it);
-        });
-      }
+      items_.template run<P, Mode>(o, sc_exec, grads, grad_scale, key, begin, end);
     };
-    if constexpr (last) {
+    if constexpr (P + 1 == layer_phases()) {
       // Bucket by bucket, each bucket's gather started after its items (a device runs every
       // bucket's items in one launch: a launch per bucket ran 13 grids of about 257 blocks
       // for 60 M params on an H200, each at 17 % of its DRAM bandwidth, ncu, 2026-11-28).
-      run_buckets(o, true, [&](std::size_t first, std::size_t end) { run(bucket_items_[first], bucket_items_[end]); });
+      run_buckets(o, true, [&](std::size_t first, std::size_t end) {
+        run(items_.bucket_items_[first], items_.bucket_items_[end]);
+      });
     } else {
       run(0, items_.size());
     }
@@ -399,79 +226,37 @@ struct layer_stage {
     }
   }
 
-  /// Merges the items' sums per tensor, all-reduces them (DP: the tensors cut over ranks;
-  /// TP: the split tensors, along the split axis only) and converts them to double. On a
-  /// device the merge and the conversion run there (layer_merge_phase), and the host copies
-  /// the merged sums where a wire needs them, else only their doubles.
+  /// Merges the items' sums per tensor (layer_items::merge), all-reduces them (DP: the
+  /// tensors cut over ranks; TP: the split tensors, along the split axis only) and
+  /// converts them to double. Without a wire the merge's doubles are the values.
   template <int P, class Ctx>
   void reduce_layer_sums(Ctx& o) {
     constexpr phase_spec spec = Policy::phases[P];
-    constexpr std::size_t W = detail::fixed_sum::wire_size;
+    constexpr std::size_t W = fixed_sum::wire_size;
     const bool dp_wire = Ctx::is_sharded && o.comm_.size() > 1, tp_wire = o.tp_ && o.tp_->size() > 1;
-    // The exact sums are needed where the host merges the items' sums or a wire carries
-    // them; a device without a wire hands over their values only (tsum_d, rsum_d, csum_d).
-    const bool converted = on_device && !dp_wire && !tp_wire;
+    const bool exact = dp_wire || tp_wire;  // a wire carries the exact sums
     // This phase's sums of tensor t: tensor sums, row sums, column sums.
     const auto counts = [&](const layer_tensor& t) {
       return std::array<std::size_t, 3>{static_cast<std::size_t>(spec.tensor_sums),
                                         t.factored ? static_cast<std::size_t>(spec.row_sums) * t.matrices * t.rows : 0,
                                         t.factored ? static_cast<std::size_t>(spec.col_sums) * t.matrices * t.cols : 0};
     };
-    bool parallel = false;  // the host's merges and conversions on the executor's threads
-    const auto zero = [&](layer_tensor& t) {
+    const void* merged = items_.template merge<P>(o, exact);
+    for (std::size_t i = 0; i < lt_.size(); ++i) {
+      layer_tensor& t = lt_[i];
+      const std::size_t at = items_.tdescs_[i].out_at[P];
       const auto [nt, nr, nc] = counts(t);
-      t.tsum.assign(nt, {});
-      t.rsum.assign(nr, {});
-      t.csum.assign(nc, {});
-    };
-    if constexpr (on_device) {
-      if (!converted)
-        for (layer_tensor& t : lt_) zero(t);
-      layer_merge_phase<Policy, P> merge;
-      merge.tensors = tensors_dev_.data();
-      merge.items = items_dev_.data();
-      merge.item_sums = sums_dev_.data();
-      merge.sums = merged_dev_.data();
-      merge.values = values_dev_.data();
-      detail::launch(o.exec_, lt_.size(), merge);
-      const std::size_t n = merged_count_[static_cast<std::size_t>(P)];
-      if (converted) detail::copy_bytes(o.exec_, values_host_.data(), values_dev_.data(), n * sizeof(double));
-      else detail::copy_bytes(o.exec_, merged_host_.data(), merged_dev_.data(), n * sizeof(fixed_sum));
-      for (std::size_t i = 0; i < lt_.size(); ++i) {
-        layer_tensor& t = lt_[i];
-        const std::size_t at = tdescs_[i].out_at[P];
-        const auto [nt, nr, nc] = counts(t);
-        if (!converted) {
-          const fixed_sum* from = merged_host_.data() + at;
-          std::copy(from, from + nt, t.tsum.begin());
-          std::copy(from + nt, from + nt + nr, t.rsum.begin());
-          std::copy(from + nt + nr, from + nt + nr + nc, t.csum.begin());
-        } else {
-          const double* from = values_host_.data() + at;
-          t.tsum_d.assign(from, from + nt);
-          t.rsum_d.assign(from + nt, from + nt + nr);
-          t.csum_d.assign(from + nt + nr, from + nt + nr + nc);
-        }
+      if (exact) {
+        const fixed_sum* from = static_cast<const fixed_sum*>(merged) + at;
+        t.tsum.assign(from, from + nt);
+        t.rsum.assign(from + nt, from + nt + nr);
+        t.csum.assign(from + nt + nr, from + nt + nr + nc);
+      } else {
+        const double* from = static_cast<const double*>(merged) + at;
+        t.tsum_d.assign(from, from + nt);
+        t.rsum_d.assign(from + nt, from + nt + nr);
+        t.csum_d.assign(from + nt + nr, from + nt + nr + nc);
       }
-    } else {
-      // Per tensor, on the executor's threads where there are enough sums: the sums are
-      // exact, so neither the thread nor the order of the items changes them.
-      std::size_t sums = 0;
-      for (const layer_item& it : items_) sums += it.tsum.size() + it.rsum.size() + it.csum.size();
-      parallel = sums >= parallel_merge_sums;
-      for_each_tensor(o, [&](std::size_t i) {
-        layer_tensor& t = lt_[i];
-        zero(t);
-        const std::size_t r = t.matrices * t.rows, c = t.matrices * t.cols;
-        for (std::size_t j = tensor_items_[i]; j < tensor_items_[i + 1]; ++j) {
-          const layer_item& it = items_[j];
-          for (std::size_t k = 0; k < it.tsum.size(); ++k) t.tsum[k].add(it.tsum[k]);
-          for (std::size_t k = 0; k < (it.row_count ? it.rsum.size() / it.row_count : 0); ++k)
-            for (std::size_t m = 0; m < it.row_count; ++m) t.rsum[k * r + it.row_first + m].add(it.rsum[k * it.row_count + m]);
-          for (std::size_t k = 0; k < (it.col_count ? it.csum.size() / it.col_count : 0); ++k)
-            for (std::size_t m = 0; m < it.col_count; ++m) t.csum[k * c + it.col_first + m].add(it.csum[k * it.col_count + m]);
-        }
-      }, parallel);
     }
     // Which sums travel where: the same list, in layout order, on every rank of the group.
     const auto for_each_sum = [&](auto&& select, auto&& f) {
@@ -524,11 +309,11 @@ struct layer_stage {
     const auto finish = [&](std::size_t i) {
       layer_tensor& t = lt_[i];
       if (!t.local) return;
-      const auto convert = [](const std::vector<detail::fixed_sum>& in, std::vector<double>& out) {
-        out.resize(in.size());
-        for (std::size_t k = 0; k < in.size(); ++k) out[k] = in[k].value();
+      const auto convert = [](const std::vector<fixed_sum>& from, std::vector<double>& out) {
+        out.resize(from.size());
+        for (std::size_t k = 0; k < from.size(); ++k) out[k] = from[k].value();
       };
-      if (!converted) {
+      if (exact) {
         convert(t.tsum, t.tsum_d);
         convert(t.rsum, t.rsum_d);
         convert(t.csum, t.csum_d);
@@ -540,16 +325,11 @@ struct layer_stage {
         t.view.col_sums[k] = k < spec.col_sums && t.factored ? std::span<const double>(t.csum_d).subspan(k * c, c) : std::span<const double>();
       }
     };
-    for_each_tensor(o, finish, parallel);
-  }
-
-  /// Calls f(i) for every tensor: on a host executor's threads if `parallel` (each tensor's
-  /// statistics are its own), else in order on the calling thread.
-  template <class Ctx, class F>
-  void for_each_tensor(Ctx& o, F&& f, bool parallel) {
+    // The conversions on the executor's threads where there are many (host executors).
     if constexpr (!on_device)
-      if (parallel) return o.exec_.parallel_for(lt_.size(), f);
-    for (std::size_t i = 0; i < lt_.size(); ++i) f(i);
+      if (exact && items_.merged_count_[static_cast<std::size_t>(P)] >= parallel_merge_sums)
+        return o.exec_.parallel_for(lt_.size(), finish);
+    for (std::size_t i = 0; i < lt_.size(); ++i) finish(i);
   }
 
   /// Non-local tensors still take part in the DP wire with zeros: give them the right
@@ -608,141 +388,6 @@ struct layer_stage {
       for (std::size_t k = 0; k < sums[i].size(); ++k) lt_[i].totals[k] = sums[i][k].value();
   }
 
-  /// Device executors: the item table, the slot offsets and room for every item's sums,
-  /// column doubles and window exponents, in the executor's memory.
-  template <class Ctx>
-  void init_device(Ctx& o) {
-    const auto tensors = o.layout_.tensors();
-    static_assert(layer_phases() <= 4, "distopt: the device's layer-wise items keep sums for up to 4 phases");
-    int max_cs = 0;
-    for (const phase_spec& ph : Policy::phases) max_cs = std::max(max_cs, ph.col_sums);
-    stat_at_.assign(lt_.size(), 0);
-    std::size_t stats = 0;
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      stat_at_[i] = stats;
-      stats += lt_[i].values.size() + lt_[i].row_values.size() + lt_[i].col_values.size();
-    }
-    stats_host_.assign(stats, 0.0f);
-    descs_.clear();
-    max_item_cols_ = 0;
-    std::size_t cols = 0;
-    phase_sums_.assign(static_cast<std::size_t>(layer_phases()), 0);
-    for (const layer_item& it : items_) {
-      const layer_tensor& t = lt_[it.tensor];
-      layer_item_desc d;
-      d.piece_begin = it.piece_begin;
-      d.piece_end = it.piece_end;
-      d.row_first = it.row_first;
-      d.row_count = it.row_count;
-      d.col_first = it.col_first;
-      d.col_count = it.col_count;
-      d.tensor_offset = tensors[it.tensor].offset;
-      d.cols = t.cols;
-      d.matrix = t.rows * t.cols;
-      d.rows_total = t.matrices * t.rows;
-      d.cols_total = t.matrices * t.cols;
-      d.values_at = stat_at_[it.tensor];
-      d.slot_mask = t.slot_mask;
-      d.factored = t.factored;
-      d.cols_at = cols;
-      for (int p = 0; p < layer_phases(); ++p) {
-        const phase_spec& ph = Policy::phases[static_cast<std::size_t>(p)];
-        std::size_t& at = phase_sums_[static_cast<std::size_t>(p)];
-        d.sums_at[p] = at;
-        at += static_cast<std::size_t>(ph.tensor_sums) +
-              (t.factored ? static_cast<std::size_t>(ph.row_sums) * it.row_count + static_cast<std::size_t>(ph.col_sums) * it.col_count
-                          : 0);
-      }
-      cols += t.factored ? static_cast<std::size_t>(max_cs) * it.col_count : 0;
-      if (t.factored) max_item_cols_ = std::max(max_item_cols_, it.col_count);
-      descs_.push_back(d);
-    }
-    o.in_exec(descs_, items_dev_);
-    o.in_exec(o.states_at_.offsets(), slots_dev_);
-    std::vector<std::size_t> piece_item(o.plan_.pieces().size(), 0);
-    for (std::size_t j = 0; j < items_.size(); ++j)
-      for (std::size_t c = items_[j].piece_begin; c < items_[j].piece_end; ++c) piece_item[c] = j;
-    o.in_exec(piece_item, piece_item_dev_);
-    const std::size_t sums = phase_sums_.empty() ? 0 : *std::max_element(phase_sums_.begin(), phase_sums_.end());
-    sums_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, sums);
-    // Each tensor's items (consecutive: init makes them tensor by tensor) and merged sums.
-    tdescs_.assign(lt_.size(), {});
-    for (std::size_t j = 0; j < items_.size(); ++j) {
-      layer_tensor_desc& d = tdescs_[items_[j].tensor];
-      if (d.end_item == 0) d.first_item = j;
-      d.end_item = j + 1;
-    }
-    merged_count_.assign(static_cast<std::size_t>(layer_phases()), 0);
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      layer_tensor_desc& d = tdescs_[i];
-      d.rows = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].rows : 0;
-      d.cols = lt_[i].factored && lt_[i].local ? lt_[i].matrices * lt_[i].cols : 0;
-      for (int p = 0; p < layer_phases(); ++p) {
-        const phase_spec& ph = Policy::phases[static_cast<std::size_t>(p)];
-        std::size_t& at = merged_count_[static_cast<std::size_t>(p)];
-        d.out_at[p] = at;
-        at += static_cast<std::size_t>(ph.tensor_sums) + static_cast<std::size_t>(ph.row_sums) * d.rows +
-              static_cast<std::size_t>(ph.col_sums) * d.cols;
-      }
-    }
-    o.in_exec(tdescs_, tensors_dev_);
-    const std::size_t merged = *std::max_element(merged_count_.begin(), merged_count_.end());
-    merged_dev_ = detail::buffer<fixed_sum, Exec>(o.exec_, merged);
-    values_dev_ = detail::buffer<double, Exec>(o.exec_, merged);
-    merged_host_.assign(merged, fixed_sum{});
-    values_host_.assign(merged, 0.0);
-    scalars_dev_ = detail::buffer<typename Policy::scalars, Exec>(o.exec_, o.groups_.size());
-    col_acc_dev_ = detail::buffer<double, Exec>(o.exec_, cols);
-    col_count_ = cols;
-    o.in_exec(std::vector<std::uint32_t>(cols * static_cast<std::size_t>(layer_phases()), column_window::unset), col_lo_dev_);
-    stats_dev_ = detail::buffer<float, Exec>(o.exec_, stats);
-  }
-
-  /// Device executors: phase P's element pass over items [begin, end), a launch of
-  /// layer_phase_body (on cuda its own kernel: a thread block per item).
-  template <int P, detail::param_mode Mode, class Ctx, class G>
-  void launch_items(Ctx& o, const typename Policy::scalars* sc, const G* grads, float grad_scale, std::uint64_t key,
-                    std::size_t begin, std::size_t end) {
-    layer_phase_body<Policy, P, Mode, typename Ctx::param_type, G, State> body;
-    body.items = items_dev_.data();
-    body.first_item = begin;
-    body.pieces = o.exec_pieces();
-    body.slots = slots_dev_.data();
-    body.scalars = sc;
-    body.params = o.params_.data();
-    body.params_local = o.shards_params();
-    body.grads = grads;
-    body.grads_local = o.template grads_local<G>();
-    body.master = o.uses_master() ? o.master_.data() : nullptr;
-    for (int k = 0; k < o.slots_; ++k) body.state[k] = o.states_[k].data();
-    body.grad_scale = grad_scale;
-    body.key = key;
-    body.block = o.layout_.block_size();
-    body.stats = stats_dev_.data();
-    body.sums = sums_dev_.data();
-    body.col_acc = col_acc_dev_.data();
-    body.col_lo = col_lo_dev_.data() + static_cast<std::size_t>(P) * col_count_;
-    body.max_cols = static_cast<std::size_t>(Policy::phases[P].col_sums) * max_item_cols_;
-    body.piece_first = begin < end ? items_[begin].piece_begin : 0;
-    body.piece_count = begin < end ? items_[end - 1].piece_end - body.piece_first : 0;
-    body.piece_item = piece_item_dev_.data();
-    detail::launch(o.exec_, end - begin, body);
-  }
-
-  /// Device executors: the values the element functions read (host vectors the hooks
-  /// wrote), copied to the statistics mirror.
-  template <class Ctx>
-  void push_values(Ctx& o) {
-    for (std::size_t i = 0; i < lt_.size(); ++i) {
-      const layer_tensor& t = lt_[i];
-      float* out = stats_host_.data() + stat_at_[i];
-      out = std::copy(t.values.begin(), t.values.end(), out);
-      out = std::copy(t.row_values.begin(), t.row_values.end(), out);
-      std::copy(t.col_values.begin(), t.col_values.end(), out);
-    }
-    detail::copy_bytes(o.exec_, stats_dev_.data(), stats_host_.data(), stats_host_.size() * sizeof(float));
-  }
-
   /// set_hyper: the new hyper-parameters of group `g` must not need a slot a tensor lacks.
   template <class Ctx>
   void check_hyper(const Ctx& o, int g, const typename Policy::hyper_params& h) const {
@@ -757,8 +402,8 @@ struct layer_stage {
   }
 
   /// Memory report (besides the state slots, engine/memory.hpp): the factored row and
-  /// column states every rank holding part of a factored tensor keeps whole, and the
-  /// statistics.
+  /// column states every rank holding part of a factored tensor keeps whole, the
+  /// statistics, and the items' work.
   template <class Ctx>
   void add_memory(const Ctx&, memory_report& r) const {
     std::size_t rows = 0, cols = 0, stats = 0;
@@ -770,46 +415,16 @@ struct layer_stage {
     if (rows) r.entries.push_back({"state rows", rows});
     if (cols) r.entries.push_back({"state cols", cols});
     r.entries.push_back({"statistics", stats});
-    if constexpr (on_device)  // the items' sums and column windows, the values' mirror, the item table
-      r.entries.push_back({"statistics (device work)", sums_dev_.bytes() + col_acc_dev_.bytes() + col_lo_dev_.bytes() +
-                                                           stats_dev_.bytes() + items_dev_.bytes() + slots_dev_.bytes() +
-                                                           scalars_dev_.bytes() + tensors_dev_.bytes() + piece_item_dev_.bytes() +
-                                                           merged_dev_.bytes() + values_dev_.bytes()});
+    // The items' sums and column windows, the tables (and on a device the statistics' copy).
+    r.entries.push_back({"statistics (work)", items_.work_bytes() + scalars_dev_.bytes()});
     if constexpr (on_device)  // their host copies
-      r.entries.push_back({"statistics (host staging)", merged_host_.size() * sizeof(fixed_sum) +
-                                                            values_host_.size() * sizeof(double) +
-                                                            stats_host_.size() * sizeof(float) +
-                                                            descs_.size() * sizeof(layer_item_desc) +
-                                                            tdescs_.size() * sizeof(layer_tensor_desc)});
+      r.entries.push_back({"statistics (host staging)", items_.host_bytes()});
   }
 
   std::vector<layer_tensor> lt_;
-  std::vector<layer_item> items_;
-  std::vector<std::size_t> bucket_items_;                 // items of bucket k: [k], [k + 1])
-  std::vector<std::size_t> tensor_items_;                 // items of tensor i: [i], [i + 1])
-  std::size_t stat_bytes_ = 0;                            // statistics put on the wire so far
-  // Device executors only (init_device).
-  std::vector<layer_item_desc> descs_;
-  std::vector<std::size_t> stat_at_;     // per tensor: its values in the statistics mirror
-  std::vector<float> stats_host_;
-  std::vector<layer_tensor_desc> tdescs_;
-  std::vector<std::size_t> merged_count_;  // per phase: the merged sums of all tensors
-  std::vector<fixed_sum> merged_host_;     // the merged sums, where a wire needs them
-  std::vector<double> values_host_;        // else their values
-  std::vector<std::size_t> phase_sums_;  // per phase: the fixed_sums of all items
-  std::size_t col_count_ = 0;            // column doubles of all items (one phase's window exponents)
-  std::size_t max_item_cols_ = 0;        // the most columns of one factored item
-  detail::buffer<layer_item_desc, Exec> items_dev_;
-  detail::buffer<slot_offsets, Exec> slots_dev_;
-  detail::buffer<std::size_t, Exec> piece_item_dev_;
-  detail::buffer<fixed_sum, Exec> sums_dev_;
-  detail::buffer<layer_tensor_desc, Exec> tensors_dev_;
-  detail::buffer<fixed_sum, Exec> merged_dev_;
-  detail::buffer<double, Exec> values_dev_;
-  detail::buffer<double, Exec> col_acc_dev_;
-  detail::buffer<std::uint32_t, Exec> col_lo_dev_;
-  detail::buffer<float, Exec> stats_dev_;
-  detail::buffer<typename Policy::scalars, Exec> scalars_dev_;
+  layer_items<Policy, State, Exec> items_;
+  std::size_t stat_bytes_ = 0;  // statistics put on the wire so far
+  buffer<typename Policy::scalars, Exec> scalars_dev_;  // device executors: the group scalars
 };
 
 /// Marks the layer-wise stage as included (optimizer.hpp checks it with a clear message).

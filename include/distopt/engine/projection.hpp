@@ -136,24 +136,26 @@ struct projected_apply_phase {
 template <class Policy, class State, class Exec>
 struct projection_stage {
   using projector_type = typename matrix_projector<Policy>::type;
-  /// The states and the projection live in device buffers (device_matrix); the host's are
-  /// a mirror.
+  /// The projection's factors live in the executor's memory (device_matrix), and on a
+  /// device the fp32 low-rank states too; the projector's factors and the fp32 states of
+  /// projected_matrix are then the host's copies (pull, push_all).
   static constexpr bool on_device = !host_memory<Exec>;
   static_assert(sizeof(matrix_ops<Exec>) > 0);  // its check: the executor's matrix operations are included
   struct projected_matrix {
     std::size_t tensor = 0;
     std::int64_t m = 0, n = 0;
     projector_type proj;
-    std::array<std::vector<float>, 2> state;  // fp32 low-rank states
+    std::array<std::vector<float>, 2> state;  // fp32 low-rank states (a device's: their host copy)
     std::array<std::vector<std::uint8_t>, 2> codes;  // q8 instead (at least min_8bit_size elements)
     std::array<std::vector<float>, 2> absmax;
+    bool held() const noexcept { return !state[0].empty() || !codes[0].empty(); }  // this rank holds part of it
   };
-  /// A projected matrix's device memory (device executors; empty on other ranks' matrices).
+  /// A projected matrix's memory in the executor's (nothing on other ranks' matrices).
   struct device_matrix {
-    std::array<buffer<float, Exec>, 2> state;  // the low-rank states
+    std::array<buffer<float, Exec>, 2> state;  // device executors: the fp32 low-rank states
     buffer<float, Exec> q, p;                  // the projection's factors (by side)
     bool ready = false;         // a projection has been computed (galore_projector::has_ortho)
-    bool host_current = true;   // proj's factors on the host are the device's
+    bool host_current = true;   // proj's factors on the host are these
   };
 
   /// Memory report: each projected matrix's low-rank states (fp32, or q8 codes and
@@ -164,13 +166,10 @@ struct projection_stage {
     std::size_t states = 0, projections = 0, work = 0;
     for (std::size_t j = 0; j < matrices_.size(); ++j) {
       const projected_matrix& t = matrices_[j];
-      if (t.state[0].empty() && t.codes[0].empty()) continue;  // another rank's matrix
+      if (!t.held()) continue;  // another rank's matrix
       for (int k = 0; k < 2; ++k)
         states += t.state[k].size() * sizeof(float) + t.codes[k].size() + t.absmax[k].size() * sizeof(float);
-      if constexpr (on_device)  // allocated with the states
-        projections += (device_[j].q.size() + device_[j].p.size()) * sizeof(float);
-      else  // after the first step
-        projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);
+      projections += (device_[j].q.size() + device_[j].p.size()) * sizeof(float);  // allocated with the states
       work = std::max(work, work_floats(t) * sizeof(float));
     }
     r.entries.push_back({"state projected", states});
@@ -178,17 +177,17 @@ struct projection_stage {
     r.entries.push_back({"projection work", work});
   }
 
-  /// The floats of one matrix's work buffer: its grads and its update (m x n each) and its
-  /// projection (low-rank); on a device also the product between the full side's two.
+  /// The floats of one matrix's work buffer: its grads and its update (m x n each), its
+  /// projection (low-rank), and for the full side the product between its two.
   static std::size_t work_floats(const projected_matrix& pm) {
     const auto low = pm.proj.low_rank_shape(pm.m, pm.n);
     std::size_t n = static_cast<std::size_t>(2 * pm.m * pm.n + low[0] * low[1]);
-    if (on_device && pm.proj.side_for(pm.m, pm.n) == decltype(pm.proj.side_for(0, 0))::full)
+    if (pm.proj.side_for(pm.m, pm.n) == decltype(pm.proj.side_for(0, 0))::full)
       n += static_cast<std::size_t>(std::max(pm.proj.rank() * pm.n, pm.m * pm.proj.rank()));
     return n;
   }
 
-  /// Device executors: the factor buffers of matrix pm for its projector's side and rank
+  /// The factor buffers of matrix pm for its projector's side and rank
   /// (Q m x r, P r x n, by side), made at init and remade when a checkpoint's hyper-parameters
   /// change the side.
   template <class Ctx>
@@ -238,14 +237,13 @@ struct projection_stage {
         }
       } else if (held) {
         for (auto& st : pm.state) st.assign(ln, 0.0f);
-        if constexpr (on_device) {
+        if constexpr (on_device)
           for (auto& st : dm.state) st = buffer<float, Exec>(o.exec_, ln);
-          size_factors(o, pm, dm);
-        }
       }
+      if (held) size_factors(o, pm, dm);
       o.states_at_.matrix_index()[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
-      if constexpr (on_device) device_.push_back(std::move(dm));
+      device_.push_back(std::move(dm));
     }
     ortho_staging_.resize(matrices_.size());
     if (!matrices_.empty() && o.reduces_in_fp32())
@@ -253,34 +251,33 @@ struct projection_stage {
                                   ": grad_reduce_in_fp32 is not supported with projected matrices");
   }
 
-  /// The projector of matrix `name`, its factors copied from the device first where the
-  /// device's are newer.
+  /// The projector of matrix `name`, its factors copied from the executor's memory first
+  /// where those are newer.
   template <class Ctx>
   const projector_type& projector_of(const Ctx& o, std::string_view name) const {
     const projected_matrix& pm = matrix_of(o, name);
-    if constexpr (on_device) pull(o, static_cast<std::size_t>(o.states_at_.matrix_index()[pm.tensor]), false);
+    pull(o, static_cast<std::size_t>(o.states_at_.matrix_index()[pm.tensor]), false);
     return pm.proj;
   }
 
-  /// Device executors: copies matrix j's projection (when the device's is newer) and, with
-  /// `states`, its low-rank states into the host mirror (checkpoints read it).
+  /// Copies matrix j's projection (when the executor's is newer) and, with `states` on a
+  /// device, its fp32 low-rank states into the host's copies (checkpoints read them).
   template <class Ctx>
   void pull(const Ctx& o, std::size_t j, bool states) const {
-    if constexpr (on_device) {
-      projected_matrix& pm = matrices_[j];
-      device_matrix& dm = device_[j];
-      if (!dm.ready || (dm.host_current && !states)) return;
-      Exec& e = o.exec_;  // mutable in the optimizer: a handle
+    projected_matrix& pm = matrices_[j];
+    device_matrix& dm = device_[j];
+    if (!dm.ready || (dm.host_current && !states)) return;
+    Exec& e = o.exec_;  // mutable in the context: a handle
+    if constexpr (on_device)
       if (states)
         for (int k = 0; k < 2; ++k)
           copy_bytes(e, pm.state[k].data(), dm.state[k].data(), pm.state[k].size() * sizeof(float));
-      if (!dm.host_current) {
-        std::vector<float> q(dm.q.size()), p(dm.p.size());
-        copy_bytes(e, q.data(), dm.q.data(), q.size() * sizeof(float));
-        copy_bytes(e, p.data(), dm.p.data(), p.size() * sizeof(float));
-        pm.proj.set_ortho(pm.m, pm.n, std::move(q), std::move(p));
-        dm.host_current = true;
-      }
+    if (!dm.host_current) {
+      std::vector<float> q(dm.q.size()), p(dm.p.size());
+      copy_bytes(e, q.data(), dm.q.data(), q.size() * sizeof(float));
+      copy_bytes(e, p.data(), dm.p.data(), p.size() * sizeof(float));
+      pm.proj.set_ortho(pm.m, pm.n, std::move(q), std::move(p));
+      dm.host_current = true;
     }
   }
   template <class Ctx>
@@ -288,25 +285,24 @@ struct projection_stage {
     for (std::size_t j = 0; j < device_.size(); ++j) pull(o, j, true);
   }
 
-  /// Device executors: copies the host mirror (a checkpoint just installed there) to the
-  /// device: the low-rank states, and the projection if the checkpoint had one.
+  /// Copies the host's copies (a checkpoint just installed there) to the executor's
+  /// memory: the projection if the checkpoint had one, and on a device the fp32 low-rank states.
   template <class Ctx>
   void push_all(Ctx& o) {
-    if constexpr (on_device) {
-      for (std::size_t j = 0; j < device_.size(); ++j) {
-        projected_matrix& pm = matrices_[j];
-        device_matrix& dm = device_[j];
-        if (dm.state[0].size() == 0) continue;  // another rank's matrix
-        size_factors(o, pm, dm);  // the checkpoint's proj_type may project on another side
+    for (std::size_t j = 0; j < device_.size(); ++j) {
+      projected_matrix& pm = matrices_[j];
+      device_matrix& dm = device_[j];
+      if (!pm.held()) continue;  // another rank's matrix
+      size_factors(o, pm, dm);  // the checkpoint's proj_type may project on another side
+      if constexpr (on_device)
         for (int k = 0; k < 2; ++k)
           copy_bytes(o.exec_, dm.state[k].data(), pm.state[k].data(), pm.state[k].size() * sizeof(float));
-        dm.ready = pm.proj.has_ortho();
-        if (dm.ready) {
-          copy_bytes(o.exec_, dm.q.data(), pm.proj.left().data(), dm.q.size() * sizeof(float));
-          copy_bytes(o.exec_, dm.p.data(), pm.proj.right().data(), dm.p.size() * sizeof(float));
-        }
-        dm.host_current = true;
+      dm.ready = pm.proj.has_ortho();
+      if (dm.ready) {
+        copy_bytes(o.exec_, dm.q.data(), pm.proj.left().data(), dm.q.size() * sizeof(float));
+        copy_bytes(o.exec_, dm.p.data(), pm.proj.right().data(), dm.p.size() * sizeof(float));
       }
+      dm.host_current = true;
     }
   }
 
@@ -351,47 +347,11 @@ struct projection_stage {
     }
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const detail::piece_range mine = o.plan_.pieces_of(i);
-      if (o.states_at_.matrix_index()[i] < 0 || mine.empty()) continue;  // not projected, or another rank's
-      projected_matrix& pm = matrices_[static_cast<std::size_t>(o.states_at_.matrix_index()[i])];
+      const int j = o.states_at_.matrix_index()[i];
+      if (j < 0 || mine.empty()) continue;  // not projected, or another rank's
       const tensor_slot& t = o.layout_.tensors()[i];
-      const auto& s = sc[static_cast<std::size_t>(t.group)];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[i];
-      if constexpr (on_device) {
-        update_on_device<Mode>(o, static_cast<std::size_t>(o.states_at_.matrix_index()[i]), s, scale, key, mine);
-        continue;
-      }
-      const std::size_t mn = t.numel;
-      const auto low_shape = pm.proj.low_rank_shape(pm.m, pm.n);
-      const std::size_t ln = static_cast<std::size_t>(low_shape[0] * low_shape[1]);
-      work_.resize(2 * mn + ln);
-      float* full = work_.data();
-      float* low = full + mn;
-      float* back = low + ln;
-      const typename Ctx::grad_type* g = o.grads_.data() + o.plan_.tensor_buffer(i);
-      for (std::size_t e = 0; e < mn; ++e) full[e] = to_float(g[e]) * scale;
-      if (pm.proj.refresh_due(o.step_ - 1)) pm.proj.refresh(full, pm.m, pm.n);
-      pm.proj.project(full, low);
-      if (!pm.codes[0].empty()) {
-        // 8-bit low-rank states: per block of 256, decode, update, new absmax, encode.
-        alignas(64) float st2[2][q8::block];
-        for (std::size_t b0 = 0; b0 < ln; b0 += q8::block) {
-          const std::size_t n = std::min(q8::block, ln - b0), blk = b0 / q8::block;
-          for (int k = 0; k < 2; ++k)
-            detail::decode_block(q8_slot_codebook<Policy>(k).values().data(), pm.codes[k].data() + b0, pm.absmax[k][blk], n, st2[k]);
-          for (std::size_t e = 0; e < n; ++e) {
-            float st[2] = {st2[0][e], st2[1][e]};
-            low[b0 + e] = Policy::moments(s, low[b0 + e], st);
-            st2[0][e] = st[0];
-            st2[1][e] = st[1];
-          }
-          for (int k = 0; k < 2; ++k)
-            detail::requantize_block(st2[k], n, q8_slot_codebook<Policy>(k).lookup(), pm.absmax[k][blk], pm.codes[k].data() + b0);
-        }
-      } else {
-        launch_moments(o, s, low, ln, pm.state[0].data(), pm.state[1].data());
-      }
-      pm.proj.project_back(low, back);
-      launch_apply<Mode>(o, s, key, mine, t.offset, back);
+      update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine);
     }
   }
 
@@ -430,12 +390,15 @@ struct projection_stage {
     launch(o.exec_, ap.items(o.plan_.pieces().data() + mine.first), ap);
   }
 
-  /// One matrix's step on a device executor: project_bucket's steps, the scaling as phases
-  /// too and the products and SVD through matrix_ops on the executor's memory, in the same order (the same bits on the
-  /// emulated device; cuBLAS and cuSOLVER sum in their own order on cuda).
+  /// One matrix's step, on every executor: its grads widened and scaled, its projection
+  /// refreshed when due (the SVD), its projection, the low-rank Adam, its projection back
+  /// and the update of this rank's part, as phases and through matrix_ops<Exec> on the
+  /// executor's memory (BLAS and LAPACK on the host's and the emulated device's, the same
+  /// bits; cuBLAS and cuSOLVER, which sum in their own order, on cuda). 8-bit low-rank
+  /// states (executors of host memory only) are updated by the host per block of 256.
   template <param_mode Mode, class Ctx>
-  void update_on_device(Ctx& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
-                        piece_range mine) {
+  void update_matrix(Ctx& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
+                     piece_range mine) {
     projected_matrix& pm = matrices_[j];
     device_matrix& dm = device_[j];
     Exec& e = o.exec_;
@@ -476,7 +439,29 @@ struct projection_stage {
       matrix_ops<Exec>::gemm(e, ta, tb, rows, cols, inner, a, lda, b, ldb, c);
     };
     projector_type::project_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), full, low, between);
-    launch_moments(o, s, low, ln, dm.state[0].data(), dm.state[1].data());
+    if (!pm.codes[0].empty()) {
+      // 8-bit low-rank states: per block of 256, decode, update, new absmax, encode.
+      alignas(64) float st2[2][q8::block];
+      for (std::size_t b0 = 0; b0 < ln; b0 += q8::block) {
+        const std::size_t count = std::min(q8::block, ln - b0), blk = b0 / q8::block;
+        for (int k = 0; k < 2; ++k)
+          detail::decode_block(q8_slot_codebook<Policy>(k).values().data(), pm.codes[k].data() + b0, pm.absmax[k][blk],
+                               count, st2[k]);
+        for (std::size_t i = 0; i < count; ++i) {
+          float st[2] = {st2[0][i], st2[1][i]};
+          low[b0 + i] = Policy::moments(s, low[b0 + i], st);
+          st2[0][i] = st[0];
+          st2[1][i] = st[1];
+        }
+        for (int k = 0; k < 2; ++k)
+          detail::requantize_block(st2[k], count, q8_slot_codebook<Policy>(k).lookup(), pm.absmax[k][blk],
+                                   pm.codes[k].data() + b0);
+      }
+    } else if constexpr (on_device) {
+      launch_moments(o, s, low, ln, dm.state[0].data(), dm.state[1].data());
+    } else {
+      launch_moments(o, s, low, ln, pm.state[0].data(), pm.state[1].data());
+    }
     projector_type::project_back_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), low, back, between);
     scale_all(back, mn, static_cast<float>(pm.proj.scale()));  // tensor * Python float: a float multiply
     launch_apply<Mode>(o, s, key, mine, t.offset, back);
@@ -485,9 +470,8 @@ struct projection_stage {
   // mutable: a device executor's projection and states are copied into the host mirror
   // when read (pull), through const accessors too.
   mutable std::vector<projected_matrix> matrices_;  // the projected matrices
-  mutable std::vector<device_matrix> device_;       // their device memory (device executors)
-  std::vector<float> work_;                 // gradient, low-rank and update of one matrix
-  buffer<float, Exec> work_dev_;            // the same on a device executor (and a product between)
+  mutable std::vector<device_matrix> device_;       // their memory in the executor's
+  buffer<float, Exec> work_dev_;  // one matrix's gradient, low-rank, update and a product between
   std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // projections being loaded
 };
 
