@@ -310,4 +310,36 @@ E make_executor(int threads) {
   else return E{};
 }
 
+namespace detail {
+/// The checks of optimizer<Policy, Storage, Comm, Exec, Precision>'s arguments, each with
+/// a message that names what is missing.
+template <class Policy, class Storage, class Comm, class Exec, class Precision>
+consteval bool check_optimizer_arguments() {
+  static_assert(policy_declares_state<Policy>,
+                "distopt::optimizer: the Policy must declare `static constexpr std::string_view "
+                "name` and `static constexpr int max_state_slots` (0..4)");
+  static_assert(policy_has_hyper_params<Policy>,
+                "distopt::optimizer: the Policy needs a default-constructible `hyper_params` with "
+                "`void validate() const` and `static int state_slots(const hyper_params&)`");
+  static_assert(policy_prepares_scalars<Policy>,
+                "distopt::optimizer: the Policy needs a trivially copyable `scalars` and `static "
+                "scalars prepare(const hyper_params&, const step_info&)`");
+  static_assert(policy_updates_elements<Policy> || policy_is_layerwise<Policy>,
+                "distopt::optimizer: the Policy needs `DISTOPT_HD static void update(const "
+                "scalars&, float& param, float grad, float* state)` taking param by non-const "
+                "reference, or the phases of a layer-wise policy (see distopt/layerwise.hpp)");
+  static_assert(!(policy_is_layerwise<Policy> && quantized_encoding<typename Storage::encoding>),
+                "distopt::optimizer: 8-bit (q8) states are for element-wise policies (sgd, adam, "
+                "adamw, lion, custom ones); the layer-wise policies keep fp32 or bf16 states");
+  static_assert(state_storage<Storage>,
+                "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
+                "distopt::replicated<distopt::fp32>");
+  static_assert(communicator<Comm>, "distopt::optimizer: Comm must model distopt::communicator, e.g. distopt::single");
+  static_assert(executor<Exec>, "distopt::optimizer: Exec must model distopt::executor, e.g. distopt::cpu");
+  static_assert(number<typename Precision::param_type> && number<typename Precision::grad_type>,
+                "distopt::optimizer: Precision must be distopt::precision<Param, Grad>");
+  return true;
+}
+}  // namespace detail
+
 }  // namespace distopt

@@ -31,11 +31,7 @@
 /// The results are the host optimizer's, bit for bit: the device only holds copies.
 ///
 /// Where the device can page-lock host memory (cuda), the host memory those copies read and
-/// write is registered for the optimizer's life (optimizer_options::pin_host_buffers, on by
-/// default): the host params (stages 0-2) and grads (stages 0-1) at construction, and at
-/// ZeRO-2 and ZeRO-3 each buffer of the host optimizer's bucket pools (grads; ZeRO-3's
-/// gathered params) at the first copy into or out of it (with one rank, the one grads
-/// buffer). The pools keep their buffers, so each is registered once.
+/// write is registered for the optimizer's life (exec/offload.hpp, host_registration).
 ///
 /// Writes into a device param view reach the optimizer before the first `step()` or `save`
 /// (the initial params: stages 0-2 copy every device param to the host then), and through
@@ -227,7 +223,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       if (!lent_grads_[i]) {
         bool fresh = false;
         lent_grads_[i] = grad_pool_.lend(exec_.device(), numel(i), fresh);
-        fill_zero(lent_grads_[i], numel(i));
+        detail::fill_zero(exec_.device(), lent_grads_[i], numel(i));
       }
       return {lent_grads_[i], numel(i)};
     } else {
@@ -294,7 +290,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       if constexpr (zero_stage >= 3) {
         const std::size_t i = index_of(name);
         const auto from = host().param(name);
-        pin_pooled(param_bucket(i), "param bucket buffer");
+        pin_pooled(detail::param_buffer_of(this->ctx_, i), "param bucket buffer");
         bool fresh = false;
         lent_params_[i] = param_pool_.lend(exec_.device(), from.size(), fresh);
         detail::copy_bytes(exec_, lent_params_[i], from.data(), from.size_bytes());
@@ -316,10 +312,10 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   void zero_grad() {
     drop_in_flight();
     host().zero_grad();
-    if constexpr (zero_stage < 2) fill_zero(grads_.data(), grads_.size());
+    if constexpr (zero_stage < 2) detail::fill_zero(exec_.device(), grads_.data(), grads_.size());
     else
       for (std::size_t i = 0; i < lent_grads_.size(); ++i)
-        if (lent_grads_[i]) fill_zero(lent_grads_[i], numel(i));
+        if (lent_grads_[i]) detail::fill_zero(exec_.device(), lent_grads_[i], numel(i));
     next_step();
   }
   /// Copies the grads that no hook copied to the host and reduces them there.
@@ -397,37 +393,9 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   distopt::memory_report memory_report() const { return memory(); }
 
  private:
-  std::size_t index_of(std::string_view name) const {
-    const auto& ts = host().tensors().tensors();
-    const auto& t = host().tensors().find(name);
-    return static_cast<std::size_t>(&t - ts.data());
-  }
+  std::size_t index_of(std::string_view name) const { return this->ctx_.index_of(name); }
   std::size_t numel(std::size_t i) const { return host().tensors().tensors()[i].numel; }
-  /// The host buffer that holds tensor `i`'s grads (ZeRO-2 and 3) or gathered params
-  /// (ZeRO-3), whole, as {data, bytes}: its bucket's pooled buffer ({nullptr, 0} when the
-  /// bucket holds none), or with one rank at ZeRO-2 and 3 the one grads buffer (the grads
-  /// are pooled only when they are sharded).
-  std::pair<void*, std::size_t> grad_bucket(std::size_t i) {
-    auto& c = this->ctx_;
-    if (!c.shards_grads()) return {c.grads_.data(), c.grads_.bytes()};
-    const std::size_t k = c.hooks_.bucket_of(i);
-    return {c.grad_pool_.of(k), c.grad_pool_.bytes_of(k)};
-  }
-  std::pair<void*, std::size_t> param_bucket(std::size_t i) {
-    auto& c = this->ctx_;
-    const std::size_t k = c.hooks_.bucket_of(i);
-    return {c.param_pool_.of(k), c.param_pool_.bytes_of(k)};
-  }
   const std::string& name_of(std::size_t i) const { return host().tensors().tensors()[i].name; }
-
-  template <class T>
-  void fill_zero(T* p, std::size_t n) {
-    detail::fill_phase<T> zero;
-    zero.n = n;
-    zero.chunk = std::size_t{1} << 14;
-    zero.data = p;
-    detail::launch(exec_.device(), zero.items(), zero);
-  }
 
   /// Tensor i's device grads into the host optimizer's (at ZeRO-2 and ZeRO-3, a tensor
   /// never viewed in this step has zero grads: the host's view of it is zero already).
@@ -437,7 +405,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     const auto to = host().grad(name_of(i));
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
     if (!from) return 0;
-    if constexpr (zero_stage >= 2) pin_pooled(grad_bucket(i), "grad bucket buffer");
+    if constexpr (zero_stage >= 2) pin_pooled(detail::grad_buffer_of(this->ctx_, i), "grad bucket buffer");
     return start_copy(to.data(), from, to.size_bytes(), async);
   }
   /// Copies `bytes` between host and device memory: with `async`, on a device that copies

@@ -44,36 +44,6 @@ template <class Context, class Stages>
 struct checkpoint_files;
 }  // namespace io
 
-namespace detail {
-template <class Policy, class Storage, class Comm, class Exec, class Precision>
-consteval bool check_optimizer_arguments() {
-  static_assert(policy_declares_state<Policy>,
-                "distopt::optimizer: the Policy must declare `static constexpr std::string_view "
-                "name` and `static constexpr int max_state_slots` (0..4)");
-  static_assert(policy_has_hyper_params<Policy>,
-                "distopt::optimizer: the Policy needs a default-constructible `hyper_params` with "
-                "`void validate() const` and `static int state_slots(const hyper_params&)`");
-  static_assert(policy_prepares_scalars<Policy>,
-                "distopt::optimizer: the Policy needs a trivially copyable `scalars` and `static "
-                "scalars prepare(const hyper_params&, const step_info&)`");
-  static_assert(policy_updates_elements<Policy> || policy_is_layerwise<Policy>,
-                "distopt::optimizer: the Policy needs `DISTOPT_HD static void update(const "
-                "scalars&, float& param, float grad, float* state)` taking param by non-const "
-                "reference, or the phases of a layer-wise policy (see distopt/layerwise.hpp)");
-  static_assert(!(policy_is_layerwise<Policy> && quantized_encoding<typename Storage::encoding>),
-                "distopt::optimizer: 8-bit (q8) states are for element-wise policies (sgd, adam, "
-                "adamw, lion, custom ones); the layer-wise policies keep fp32 or bf16 states");
-  static_assert(state_storage<Storage>,
-                "distopt::optimizer: Storage must model distopt::state_storage, e.g. "
-                "distopt::replicated<distopt::fp32>");
-  static_assert(communicator<Comm>, "distopt::optimizer: Comm must model distopt::communicator, e.g. distopt::single");
-  static_assert(executor<Exec>, "distopt::optimizer: Exec must model distopt::executor, e.g. distopt::cpu");
-  static_assert(number<typename Precision::param_type> && number<typename Precision::grad_type>,
-                "distopt::optimizer: Precision must be distopt::precision<Param, Grad>");
-  return true;
-}
-}  // namespace detail
-
 /// An optimizer assembled from a policy (the math), a state storage (placement and
 /// encoding), a communicator (the data-parallel group), an executor (where and how
 /// elements are visited) and the number types of params and grads.
@@ -95,26 +65,26 @@ class optimizer {
  public:
   using policy_type = Policy;
   using hyper_params = typename Policy::hyper_params;
-  using param_type = typename Precision::param_type;
-  using grad_type = typename Precision::grad_type;
+  using param_type = typename context_type::param_type;
+  using grad_type = typename context_type::grad_type;
   /// The state encoding: fp32 (float), bf16 or q8.
-  using state_type = typename Storage::encoding;
-  static constexpr bool is_sharded = Storage::is_sharded;
+  using state_type = typename context_type::state_type;
+  static constexpr bool is_sharded = context_type::is_sharded;
   /// True for 8-bit block-wise states (q8): codes plus an fp32 absmax per 256 elements.
-  static constexpr bool is_quantized = quantized_encoding<state_type>;
+  static constexpr bool is_quantized = context_type::is_quantized;
   /// True for policies that update some tensors as whole matrices through a projection
   /// (GaLore: include distopt/policy/galore_adamw.hpp and link distopt::galore).
-  static constexpr bool projects = projects_matrices<Policy>;
+  static constexpr bool projects = context_type::projects;
   /// True for policies that update some tensors as whole matrices orthogonalised by
   /// Newton–Schulz (Muon: include distopt/policy/muon.hpp and link distopt::muon).
-  static constexpr bool orthogonalizes = orthogonalizes_matrices<Policy>;
+  static constexpr bool orthogonalizes = context_type::orthogonalizes;
   /// True for policies whose step needs per-tensor, per-row or per-column statistics.
-  static constexpr bool is_layerwise = policy_is_layerwise<Policy>;
+  static constexpr bool is_layerwise = context_type::is_layerwise;
   /// True for `owned` storage: each matrix of a projected or orthogonalised group lives
   /// whole on one rank.
-  static constexpr bool owns_matrices = storage_owns_matrices<Storage>();
+  static constexpr bool owns_matrices = context_type::owns_matrices;
   /// The ZeRO stage: 0 replicated, 1 sharded states, 2 sharded grads too (sharded<E, 2>).
-  static constexpr int zero_stage = storage_zero_stage<Storage>();
+  static constexpr int zero_stage = context_type::zero_stage;
   static_assert(zero_stage < 2 || (!projects && !orthogonalizes),
                 "distopt::sharded<Encoding, 2>: ZeRO-2 runs the element-wise and layer-wise policies; GaLore and "
                 "Muon read whole matrices of the full grads: use stage 1 (sharded<Encoding>) or owned<Encoding>");
@@ -150,11 +120,11 @@ class optimizer {
   using comm_type = Comm;
   using executor_type = Exec;
   /// The memory space the buffers live in (the executor's).
-  using memory_space = typename Exec::memory_space;
+  using memory_space = typename context_type::memory_space;
   /// A view of the optimizer's memory: std::span<T> for host memory, device_span<T> for
   /// device memory (write and read it with distopt::upload / distopt::download).
   template <class T>
-  using view = span_in<T, memory_space>;
+  using view = typename context_type::template view<T>;
 
   /// Creates the buffers for `tensors`; `groups[i]` holds the hyper-parameters of the tensors
   /// registered with group i. Every tensor must be registered with the param dtype. With

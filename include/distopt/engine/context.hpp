@@ -242,11 +242,7 @@ struct context {
 
   template <class T>
   void fill_zero(T* p, std::size_t n) {
-    fill_phase<T> zero;
-    zero.n = n;
-    zero.chunk = chunk_elems;
-    zero.data = p;
-    launch(exec_, zero.items(), zero);
+    detail::fill_zero(exec_, p, n, chunk_elems);
   }
 
   layout layout_;

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "../shard_view.hpp"
 #include "collectives.hpp"
@@ -56,6 +57,23 @@ typename Ctx::template view<typename Ctx::grad_type> grad_view(Ctx& c, std::size
   }
   if (!c.shards_grads()) return {c.grads_.data() + c.plan_.tensor_buffer(i), numel};
   return {bucket_grads(c, k) + (c.plan_.tensor_buffer(i) - b.buffer_begin), numel};
+}
+
+/// The buffer that holds tensor `i`'s full grads (ZeRO-2 and 3), whole, as {data, bytes}:
+/// its bucket's pooled buffer ({nullptr, 0} when the bucket holds none), or with one rank
+/// the one grads buffer (the grads are pooled only when they are sharded). What a wrapper
+/// that copies them (offload) registers with its device.
+template <class Ctx>
+std::pair<void*, std::size_t> grad_buffer_of(Ctx& c, std::size_t i) {
+  if (!c.shards_grads()) return {c.grads_.data(), c.grads_.bytes()};
+  const std::size_t k = c.hooks_.bucket_of(i);
+  return {c.grad_pool_.of(k), c.grad_pool_.bytes_of(k)};
+}
+/// The pooled buffer that holds tensor `i`'s gathered params (ZeRO-3), as grad_buffer_of.
+template <class Ctx>
+std::pair<void*, std::size_t> param_buffer_of(Ctx& c, std::size_t i) {
+  const std::size_t k = c.hooks_.bucket_of(i);
+  return {c.param_pool_.of(k), c.param_pool_.bytes_of(k)};
 }
 
 /// grads_ready for tensor `i`: its bucket's reduction starts once all its tensors are ready.

@@ -3,7 +3,7 @@
 #pragma once
 /// \file The layer-wise stage's work items (engine/layerwise.hpp) and what their element
 /// passes and merges read and write, on every executor: the item table (runs of one
-/// tensor's pieces, detail/layer_phase.hpp), each item's exact sums, column windows and
+/// tensor's pieces, engine/layer_phases.hpp), each item's exact sums, column windows and
 /// scratch, the statistics the element functions read, and each tensor's merged sums. On a
 /// host executor they are host memory, the element pass runs layer_phase_body on its
 /// threads and the merge layer_merge_phase; a device runs the same phases (cuda: kernels of
@@ -20,10 +20,10 @@
 #include "../detail/buffer.hpp"
 #include "../detail/fixed_sum.hpp"
 #include "../detail/layer_loop.hpp"
-#include "../detail/layer_phase.hpp"
 #include "../detail/shard_plan.hpp"
 #include "../exec/transfer.hpp"
 #include "../layerwise.hpp"
+#include "layer_phases.hpp"
 #include "phases.hpp"
 #include "state_layout.hpp"
 
@@ -98,9 +98,9 @@ struct layer_items {
       const std::size_t r = static_cast<std::size_t>(Policy::row_values) * t.matrices * t.rows;
       const std::size_t c = static_cast<std::size_t>(Policy::col_values) * t.matrices * t.cols;
       float* at = stats_.data() + stat_at_[i];
-      t.values = {at, static_cast<std::size_t>(Policy::tensor_values)};
-      t.row_values = {at + Policy::tensor_values, r};
-      t.col_values = {at + Policy::tensor_values + r, c};
+      t.values = std::span<float>(at, static_cast<std::size_t>(Policy::tensor_values));
+      t.row_values = std::span<float>(at + Policy::tensor_values, r);
+      t.col_values = std::span<float>(at + Policy::tensor_values + r, c);
     }
     // The items: at most 2 per thread per tensor, so that column accumulators stay small.
     const std::size_t threads = static_cast<std::size_t>(o.exec_.concurrency());

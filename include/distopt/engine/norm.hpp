@@ -71,11 +71,7 @@ template <class Ctx, class G>
 std::size_t launch_squares(Ctx& c, squares_phase<G> sq) {
   const std::size_t items = (sq.piece_count + sq.per - 1) / sq.per;
   if (c.step_sums_.size() < items) c.step_sums_ = buffer<exact_sum, typename Ctx::executor_type>(c.exec_, items);
-  fill_phase<exact_sum> zero;  // empty sums, set on the device
-  zero.n = items;
-  zero.chunk = 64;
-  zero.data = c.step_sums_.data();
-  launch(c.exec_, zero.items(), zero);
+  fill_zero(c.exec_, c.step_sums_.data(), items, 64);  // empty sums, set where they are summed
   sq.out = c.step_sums_.data();
   launch(c.exec_, items, sq);
   return items;

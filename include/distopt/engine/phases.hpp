@@ -63,6 +63,16 @@ struct fill_phase : chunked {
   }
 };
 
+/// Zeroes `n` elements at `p` in executor `e`'s memory, in items of `chunk`.
+template <executor E, class T>
+void fill_zero(E& e, T* p, std::size_t n, std::size_t chunk = std::size_t{1} << 14) {
+  fill_phase<T> zero;
+  zero.n = n;
+  zero.chunk = chunk;
+  zero.data = p;
+  launch(e, zero.items(), zero);
+}
+
 /// Converts `src` to fp32 into `dst` (the staging bucket of an fp32 grad reduction).
 template <class G>
 struct widen_phase : chunked {

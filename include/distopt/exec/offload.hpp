@@ -67,6 +67,11 @@ namespace detail {
 /// this lives: ZeRO-Offload's host params and grads, which every step copies. Moving hands
 /// the registrations over. With an executor that cannot register, or default-constructed
 /// (optimizer_options::pin_host_buffers off), it records nothing.
+/// ZeRO-Offload registers (optimizer_options::pin_host_buffers, on by default) the host
+/// params (stages 0-2) and grads (stages 0-1) at construction, and at ZeRO-2 and ZeRO-3
+/// each buffer of the host optimizer's bucket pools (grads; ZeRO-3's gathered params) at
+/// the first copy into or out of it (with one rank, the one grads buffer). The pools keep
+/// their buffers, so each is registered once.
 template <class Device>
 class host_registration {
  public:

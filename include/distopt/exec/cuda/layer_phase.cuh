@@ -34,7 +34,7 @@
 #include <cstdint>
 
 #include "../../config.hpp"
-#include "../../detail/layer_phase.hpp"
+#include "../../engine/layer_phases.hpp"
 #include "error.cuh"
 
 namespace distopt::cuda_exec {

@@ -12,11 +12,11 @@
 #include <utility>
 
 #include "../config.hpp"
-#include "../engine/state_layout.hpp"
+#include "../detail/fixed_sum.hpp"
+#include "../detail/layer_loop.hpp"
+#include "../detail/shard_plan.hpp"
 #include "../layerwise.hpp"
-#include "fixed_sum.hpp"
-#include "layer_loop.hpp"
-#include "shard_plan.hpp"
+#include "state_layout.hpp"
 
 namespace distopt::detail {
 
