@@ -91,9 +91,9 @@ class optimizer {
   static_assert(!owns_matrices || projects || orthogonalizes,
                 "distopt::owned<...> places the matrices that GaLore projects and Muon orthogonalises, each "
                 "on one rank; this policy updates no whole matrices: use distopt::sharded<...>");
-  // (GaLore and Muon run on executors of host memory: owned buckets' collectives read the
-  // buffers in place.)
-  static_assert(!owns_matrices || host_memory<Exec>);
+  static_assert(!owns_matrices || host_memory<Exec>,
+                "distopt::owned<...> runs on executors of host memory (cpu, kokkos): its buckets' reduces and "
+                "broadcasts read the buffers in place");
   static_assert(!is_layerwise || detail::stage_included<Policy, detail::layer_stage_tag>::value,
                 "distopt::optimizer: a layer-wise policy needs #include <distopt/engine/layerwise.hpp> "
                 "(the policy headers lamb.hpp, adafactor.hpp and came.hpp include it)");

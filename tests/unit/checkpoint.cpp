@@ -224,6 +224,67 @@ BOOST_AUTO_TEST_CASE(sgd_nesterov) {
   check_resharding<sgd, sharded<fp32>>("sgd", mixed_layout(dtype::f32), {h}, {}, 3, 2);
 }
 
+/// A checkpoint's hyper-parameters reach the steps after the load, also in an optimizer that
+/// stepped before it loaded (its step tables of the groups were made then): built with other
+/// groups (another lr, one group without momentum, so another slot count), it steps once,
+/// loads, and continues as the run that saved, on the host and on the emulated device. With
+/// the tables kept after the load, group "b" took no update on the host (its slot count was
+/// the one it was built with) and the old lr on the device.
+template <class Exec>
+void check_loaded_groups(const std::string& tag) {
+  layout l;
+  l.add("a", {300}, dtype::f32, 0);
+  l.add("b", {200}, dtype::f32, 1);
+  sgd::hyper_params a;
+  a.lr = 0.1;
+  a.momentum = 0.9;
+  sgd::hyper_params b = a;
+  b.lr = 0.05;
+  sgd::hyper_params other = b;
+  other.lr = 0.5;
+  other.momentum = 0.0;
+  const std::vector<sgd::hyper_params> saved{a, b}, built{a, other};
+  using opt_t = optimizer<sgd, replicated<fp32>, single, Exec>;
+  const auto steps = [](opt_t& opt, int s0, int s1) {
+    const auto tensors = opt.tensors().tensors();
+    for (int s = s0; s < s1; ++s) {
+      for (std::size_t t = 0; t < tensors.size(); ++t) {
+        std::vector<float> g(tensors[t].numel);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = harness::grad_value(s, t, i);
+        upload(opt.executor(), g, opt.grad(tensors[t].name));
+      }
+      opt.step();
+    }
+  };
+  const auto params = [&](opt_t& opt) {
+    harness::outcome out = harness::blank<opt_t>(l, 1);
+    harness::collect(opt, 0, out);
+    return out;
+  };
+  scratch_dir dir(tag);
+  opt_t reference(l, saved, {}, Exec(1));
+  harness::set_initial_params(reference);
+  steps(reference, 0, 3);
+  reference.save(dir.path);
+  steps(reference, 3, 6);
+  opt_t resumed(l, built, {}, Exec(1));
+  harness::set_initial_params(resumed);
+  steps(resumed, 0, 1);
+  resumed.load(dir.path);
+  BOOST_TEST(resumed.hyper(1).momentum == 0.9);
+  steps(resumed, 3, 6);
+  const harness::outcome want = params(reference), got = params(resumed);
+  BOOST_TEST((got.params == want.params), tag);
+  BOOST_TEST((got.states == want.states), tag);
+}
+
+BOOST_AUTO_TEST_CASE(loaded_groups_reach_the_next_step) {
+  check_loaded_groups<cpu>("groups-cpu");
+#if defined(__linux__)
+  check_loaded_groups<emulated_device>("groups-device");
+#endif
+}
+
 BOOST_AUTO_TEST_CASE(adamw_q8_percentile) {
   adamw::hyper_params h;
   h.lr = 1e-2;

@@ -145,9 +145,6 @@ class comm_adapter {
     c.all_gather(in, out);
   }
 
-  /// Bytes of the host staging buffers (the memory report's comm buffers are the executor's).
-  std::size_t scratch_bytes() const noexcept { return scratch_.bytes(); }
-
  private:
   /// `n` elements of T in host staging buffer `b` (grown as needed).
   template <class T>

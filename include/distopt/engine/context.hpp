@@ -230,6 +230,9 @@ struct context {
     }
   }
 
+  /// (A host would keep a pointer into a temporary.)
+  template <class T>
+  const T* in_exec(std::vector<T>&&, buffer<T, Exec>&) = delete;
   /// `v` copied into `b` in the executor's memory (grown as needed), on every executor:
   /// what a later launch reads, or writes for the host to read back.
   template <class T>
@@ -275,8 +278,8 @@ struct context {
   std::array<buffer<float, Exec>, 4> absmax_, small_;
   buffer<element_state, Exec> momentum_;
   state_layout states_at_;
-  // Device executors only: the piece table, and the per-step inputs the phases read, in
-  // the executor's memory (host executors read plan_ and the host vectors directly).
+  // The piece table (device executors; a host's read plan_'s) and the per-step inputs the
+  // phases read, in the executor's memory.
   buffer<shard_piece, Exec> pieces_dev_;
   buffer<typename Policy::scalars, Exec> step_scalars_;
   buffer<int, Exec> step_slots_;

@@ -151,13 +151,15 @@ bool step_inputs_of(Ctx& c, const G* grads, bool host_decides, step_inputs<typen
 }
 
 /// After the stages: every all-gather they started waited for, and the listener (offload)
-/// told of every bucket of a step taken.
+/// told of every bucket of a step taken. On an executor of host memory the host's copy of
+/// the decision is read here (a copy costs nothing there), so that the const reads that
+/// follow (step_count, loss_scale) only read, as a host's did before decisions were made
+/// in the executor's memory.
 template <class Ctx>
 void finish_step(Ctx& c) {
   wait_pending(c);
-  if (!c.params_done_) return;
-  sync_decisions(c);
-  if (!c.last_result_.skipped) tell_params(c, c.plan_.buckets().size(), true);
+  if (host_memory<typename Ctx::executor_type> || c.params_done_) sync_decisions(c);
+  if (c.params_done_ && !c.last_result_.skipped) tell_params(c, c.plan_.buckets().size(), true);
 }
 
 }  // namespace distopt::detail

@@ -115,14 +115,6 @@ struct decide_phase {
   }
 };
 
-/// 1 / loss scale, the squares phase's factor (`out[0]`), from the control. One item.
-struct inverse_scale_phase {
-  const step_control* control = nullptr;
-  double* out = nullptr;
-  DISTOPT_HD std::size_t size(std::size_t) const noexcept { return 1; }
-  DISTOPT_HD void operator()(std::size_t, std::size_t, std::size_t) const { out[0] = 1.0 / control->loss_scale; }
-};
-
 /// Group g's scalars for step `step` (Policy::prepare), and `started` set where the group
 /// keeps state: step_info::fresh_state is its first step with state in use. The one place
 /// that computes a group's scalars: prepare_phase runs it on the executor, and the host for

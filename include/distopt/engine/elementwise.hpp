@@ -62,9 +62,9 @@ struct step_inputs {
   const float* tensor_scale = nullptr;                ///< per tensor, in the executor's memory, or null
   const G* grads = nullptr;                           ///< the reduced grads
   bool grads_local = false;                           ///< indexed by local index, else buffer index
-  const step_control* control = nullptr;              ///< the step decided on the device, or null
-  float grad_scale = 1.0f;                            ///< the host's decisions (without control)
-  std::uint64_t key = 0;
+  const step_control* control = nullptr;              ///< the step's decisions, in the executor's memory
+  float grad_scale = 1.0f;                            ///< the host's copies of two of them, where
+  std::uint64_t key = 0;                              ///< it read them (matrix stages, layer-wise)
   const std::vector<typename Policy::scalars>* host_scalars = nullptr;  ///< per group, decided on the host
   std::vector<int> active;                                            ///< per group: its slots in use
 };

@@ -179,7 +179,7 @@ struct layer_tensor_desc {
   std::size_t rows = 0, cols = 0;
 };
 
-/// After phase P's element pass on a device: each tensor's sums of the phase (its tensor
+/// After phase P's element pass: each tensor's sums of the phase (its tensor
 /// sums, then each row's, then each column's, the layer stage's per-tensor order), the
 /// exact sum of its items' sums, and their values in double, so that the host copies one
 /// sum per row and column instead of one per item, or only the doubles. A phase of one

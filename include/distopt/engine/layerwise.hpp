@@ -193,7 +193,7 @@ struct layer_stage {
                    std::uint64_t key) {
     constexpr phase_spec spec = Policy::phases[P];
     items_.push_values(o);
-    const typename Policy::scalars* sc_exec = o.in_exec(sc, scalars_dev_);
+    const typename Policy::scalars* sc_exec = o.step_scalars_.data();  // prepared there (engine/decide.hpp)
     const auto run = [&](std::size_t begin, std::size_t end) {
       items_.template run<P, Mode>(o, sc_exec, grads, grad_scale, key, begin, end);
     };
@@ -416,7 +416,7 @@ struct layer_stage {
     if (cols) r.entries.push_back({"state cols", cols});
     r.entries.push_back({"statistics", stats});
     // The items' sums and column windows, the tables (and on a device the statistics' copy).
-    r.entries.push_back({"statistics (work)", items_.work_bytes() + scalars_dev_.bytes()});
+    r.entries.push_back({"statistics (work)", items_.work_bytes()});
     if constexpr (on_device)  // their host copies
       r.entries.push_back({"statistics (host staging)", items_.host_bytes()});
   }
@@ -424,7 +424,6 @@ struct layer_stage {
   std::vector<layer_tensor> lt_;
   layer_items<Policy, State, Exec> items_;
   std::size_t stat_bytes_ = 0;  // statistics put on the wire so far
-  buffer<typename Policy::scalars, Exec> scalars_dev_;  // device executors: the group scalars
 };
 
 /// Marks the layer-wise stage as included (optimizer.hpp checks it with a clear message).

@@ -47,8 +47,8 @@ memory_report memory_of(const Ctx& c, const Stages& stages) {
   stages.add_memory(c, r);
   if (!c.gnorm_vec_.empty()) r.entries.push_back({"clip history", c.gnorm_vec_.size() * sizeof(c.gnorm_vec_[0])});
   // Device executors: the piece table and what each step's launches read and write there
-  // (a host executor's are a few hundred bytes of the step's decisions, not counted, as the
-  // host's temporaries are not).
+  // (a host executor's, the step's decisions and 88 B of norm sums per eight pieces, are
+  // not counted, as the host's temporaries were not).
   if constexpr (!host_memory<typename Ctx::executor_type>) {
     const std::size_t tables = c.pieces_dev_.bytes() + c.step_scalars_.bytes() + c.step_slots_.bytes() +
                                c.step_clip_scale_.bytes() + c.step_skip_.bytes() + c.step_sums_.bytes() +

@@ -113,8 +113,8 @@ struct bucket_pieces {
   const shard_piece* pieces = nullptr;  ///< the bucket's first piece
   const int* slots = nullptr;           ///< per group, state slots in use
   const int* matrix_index = nullptr;  ///< per tensor: >= 0 for matrices a matrix stage updates (skipped here); or null
-  const step_control* control = nullptr;  ///< the step decided on the device (engine/decisions.hpp), or null
-  float grad_scale = 1.0f;                ///< the host's decisions (without `control`)
+  const step_control* control = nullptr;  ///< the step's decisions (engine/decisions.hpp); null: the two below
+  float grad_scale = 1.0f;                ///< without `control` (a phase built by hand, as tests/cuda does)
   std::uint64_t key = 0;
   DISTOPT_HD bool takes(std::size_t c, int n) const noexcept {
     const shard_piece& pc = pieces[c];

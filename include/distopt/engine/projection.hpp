@@ -136,9 +136,9 @@ struct projected_apply_phase {
 template <class Policy, class State, class Exec>
 struct projection_stage {
   using projector_type = typename matrix_projector<Policy>::type;
-  /// The projection's factors live in the executor's memory (device_matrix), and on a
-  /// device the fp32 low-rank states too; the projector's factors and the fp32 states of
-  /// projected_matrix are then the host's copies (pull, push_all).
+  /// On a device the projection's factors and the fp32 low-rank states live in its memory
+  /// (device_matrix), and the projector's factors and projected_matrix's states are the
+  /// host's copies (pull, push_all); on a host they are the only ones.
   static constexpr bool on_device = !host_memory<Exec>;
   static_assert(sizeof(matrix_ops<Exec>) > 0);  // its check: the executor's matrix operations are included
   struct projected_matrix {
@@ -150,9 +150,9 @@ struct projection_stage {
     std::array<std::vector<float>, 2> absmax;
     bool held() const noexcept { return !state[0].empty() || !codes[0].empty(); }  // this rank holds part of it
   };
-  /// A projected matrix's memory in the executor's (nothing on other ranks' matrices).
+  /// A projected matrix's memory on a device (nothing on a host, and on other ranks' matrices).
   struct device_matrix {
-    std::array<buffer<float, Exec>, 2> state;  // device executors: the fp32 low-rank states
+    std::array<buffer<float, Exec>, 2> state;  // the fp32 low-rank states
     buffer<float, Exec> q, p;                  // the projection's factors (by side)
     bool ready = false;         // a projection has been computed (galore_projector::has_ortho)
     bool host_current = true;   // proj's factors on the host are these
@@ -169,7 +169,10 @@ struct projection_stage {
       if (!t.held()) continue;  // another rank's matrix
       for (int k = 0; k < 2; ++k)
         states += t.state[k].size() * sizeof(float) + t.codes[k].size() + t.absmax[k].size() * sizeof(float);
-      projections += (device_[j].q.size() + device_[j].p.size()) * sizeof(float);  // allocated with the states
+      if constexpr (on_device)  // allocated with the states
+        projections += (device_[j].q.size() + device_[j].p.size()) * sizeof(float);
+      else  // after the first step
+        projections += (t.proj.left().size() + t.proj.right().size()) * sizeof(float);
       work = std::max(work, work_floats(t) * sizeof(float));
     }
     r.entries.push_back({"state projected", states});
@@ -187,7 +190,7 @@ struct projection_stage {
     return n;
   }
 
-  /// The factor buffers of matrix pm for its projector's side and rank
+  /// Device executors: the factor buffers of matrix pm for its projector's side and rank
   /// (Q m x r, P r x n, by side), made at init and remade when a checkpoint's hyper-parameters
   /// change the side.
   template <class Ctx>
@@ -240,7 +243,7 @@ struct projection_stage {
         if constexpr (on_device)
           for (auto& st : dm.state) st = buffer<float, Exec>(o.exec_, ln);
       }
-      if (held) size_factors(o, pm, dm);
+      if (held && on_device) size_factors(o, pm, dm);
       o.states_at_.matrix_index()[i] = static_cast<int>(matrices_.size());
       matrices_.push_back(std::move(pm));
       device_.push_back(std::move(dm));
@@ -260,10 +263,11 @@ struct projection_stage {
     return pm.proj;
   }
 
-  /// Copies matrix j's projection (when the executor's is newer) and, with `states` on a
-  /// device, its fp32 low-rank states into the host's copies (checkpoints read them).
+  /// Device executors: copies matrix j's projection (when the device's is newer) and, with
+  /// `states`, its fp32 low-rank states into the host's copies (checkpoints read them).
   template <class Ctx>
   void pull(const Ctx& o, std::size_t j, bool states) const {
+    if constexpr (!on_device) return;
     projected_matrix& pm = matrices_[j];
     device_matrix& dm = device_[j];
     if (!dm.ready || (dm.host_current && !states)) return;
@@ -285,19 +289,19 @@ struct projection_stage {
     for (std::size_t j = 0; j < device_.size(); ++j) pull(o, j, true);
   }
 
-  /// Copies the host's copies (a checkpoint just installed there) to the executor's
-  /// memory: the projection if the checkpoint had one, and on a device the fp32 low-rank states.
+  /// Copies the host's copies (a checkpoint just installed there) to a device: the fp32
+  /// low-rank states, and the projection if the checkpoint had one.
   template <class Ctx>
   void push_all(Ctx& o) {
     for (std::size_t j = 0; j < device_.size(); ++j) {
       projected_matrix& pm = matrices_[j];
       device_matrix& dm = device_[j];
       if (!pm.held()) continue;  // another rank's matrix
-      size_factors(o, pm, dm);  // the checkpoint's proj_type may project on another side
-      if constexpr (on_device)
-        for (int k = 0; k < 2; ++k)
-          copy_bytes(o.exec_, dm.state[k].data(), pm.state[k].data(), pm.state[k].size() * sizeof(float));
       dm.ready = pm.proj.has_ortho();
+      if constexpr (!on_device) continue;
+      size_factors(o, pm, dm);  // the checkpoint's proj_type may project on another side
+      for (int k = 0; k < 2; ++k)
+        copy_bytes(o.exec_, dm.state[k].data(), pm.state[k].data(), pm.state[k].size() * sizeof(float));
       if (dm.ready) {
         copy_bytes(o.exec_, dm.q.data(), pm.proj.left().data(), dm.q.size() * sizeof(float));
         copy_bytes(o.exec_, dm.p.data(), pm.proj.right().data(), dm.p.size() * sizeof(float));
@@ -429,16 +433,25 @@ struct projection_stage {
     launch(e, w.items(), w);
     scale_all(full, mn, scale);
     if (!dm.ready || (o.step_ - 1) % pm.proj.update_proj_gap() == 0) {  // galore_projector::refresh_due
-      matrix_ops<Exec>::svd_factors(e, full, m, n, r, dm.q.size() ? dm.q.data() : nullptr,
-                                    dm.p.size() ? dm.p.data() : nullptr);
+      if constexpr (on_device) {
+        matrix_ops<Exec>::svd_factors(e, full, m, n, r, dm.q.size() ? dm.q.data() : nullptr,
+                                      dm.p.size() ? dm.p.data() : nullptr);
+        dm.host_current = false;
+      } else {  // into the projector, the factors' one copy on a host
+        std::vector<float> q(side != decltype(side)::right ? static_cast<std::size_t>(m * r) : 0);
+        std::vector<float> p(side != decltype(side)::left ? static_cast<std::size_t>(r * n) : 0);
+        matrix_ops<Exec>::svd_factors(e, full, m, n, r, q.empty() ? nullptr : q.data(), p.empty() ? nullptr : p.data());
+        pm.proj.set_ortho(m, n, std::move(q), std::move(p));
+      }
       dm.ready = true;
-      dm.host_current = false;
     }
+    const float* q = on_device ? dm.q.data() : pm.proj.left().data();
+    const float* p = on_device ? dm.p.data() : pm.proj.right().data();
     const auto gemm = [&e](bool ta, bool tb, std::int64_t rows, std::int64_t cols, std::int64_t inner, const float* a,
                            std::int64_t lda, const float* b, std::int64_t ldb, float* c) {
       matrix_ops<Exec>::gemm(e, ta, tb, rows, cols, inner, a, lda, b, ldb, c);
     };
-    projector_type::project_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), full, low, between);
+    projector_type::project_products(gemm, side, m, n, r, q, p, full, low, between);
     if (!pm.codes[0].empty()) {
       // 8-bit low-rank states: per block of 256, decode, update, new absmax, encode.
       alignas(64) float st2[2][q8::block];
@@ -462,7 +475,7 @@ struct projection_stage {
     } else {
       launch_moments(o, s, low, ln, pm.state[0].data(), pm.state[1].data());
     }
-    projector_type::project_back_products(gemm, side, m, n, r, dm.q.data(), dm.p.data(), low, back, between);
+    projector_type::project_back_products(gemm, side, m, n, r, q, p, low, back, between);
     scale_all(back, mn, static_cast<float>(pm.proj.scale()));  // tensor * Python float: a float multiply
     launch_apply<Mode>(o, s, key, mine, t.offset, back);
   }

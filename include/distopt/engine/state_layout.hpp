@@ -56,8 +56,8 @@ class state_layout {
     return used_[static_cast<std::size_t>(home)][static_cast<std::size_t>(k)];
   }
 
-  /// Per tensor: its index among the matrices a matrix stage updates whole (GaLore's
-  /// projected, Muon's orthogonalised), or -1 for a tensor of the element-wise update.
+  /// Per tensor: >= 0 for a matrix a matrix stage updates whole (GaLore's projected: its
+  /// index among them; Muon's orthogonalised: 1), -1 for a tensor of the element-wise update.
   const std::vector<int>& matrix_index() const noexcept { return matrix_index_; }
   std::vector<int>& matrix_index() noexcept { return matrix_index_; }
   bool whole_matrix(std::size_t tensor) const noexcept { return matrix_index_[tensor] >= 0; }

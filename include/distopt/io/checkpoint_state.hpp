@@ -393,6 +393,7 @@ struct checkpoint_access {
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = started[g] == '1';
     if (o.scaler_) o.scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
+    o.groups_changed_ = true;  // the step's copies of the groups and their slot counts follow
     stage_restore(o, stages);
     o.clip_.reset();
     distopt::detail::drop_step_grads(o);  // a half-done backward's grads and hooks belong to the params replaced
