@@ -60,8 +60,13 @@
 namespace distopt {
 
 class threads;
+/// The default time a collective waits for the other ranks: 30 minutes, as
+/// torch.distributed's default process-group timeout, so that a slow rank (a long backward,
+/// a checkpoint write, a first touch of a large model) does not kill a healthy run. A test
+/// that wants a dead rank named quickly passes its own.
+inline constexpr std::chrono::milliseconds default_rank_timeout = std::chrono::minutes(30);
 template <class F>
-void run_ranks(int d, F&& f, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+void run_ranks(int d, F&& f, std::chrono::milliseconds timeout = default_rank_timeout);
 
 /// One rank's handle on a group of ranks that are threads of one process. Models
 /// `distopt::async_communicator`. Handles come from `run_ranks` and `split`; a handle
