@@ -177,7 +177,10 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   using host_optimizer::hyper;
   using host_optimizer::set_hyper;
   using host_optimizer::group_count;
+  using host_optimizer::options;
   using host_optimizer::step_count;
+  using host_optimizer::step_calls;
+  using host_optimizer::steps_skipped;
   using host_optimizer::loss_scale;
   using host_optimizer::statistics_bytes;
   using host_optimizer::set_model_parallel_group;
@@ -360,11 +363,11 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// Writes a checkpoint (the host optimizer's save); before the first step, stages 0-2
   /// copy the device params to the host first, so that the initial params are saved.
   template <class Dir>
-  void save(const Dir& dir) {
+  void save(const Dir& dir, checkpoint_replace replace = checkpoint_replace::same_optimizer) {
     hand_over();
     if constexpr (zero_stage < 3)
       if (!params_on_host_) copy_params(true);
-    host().save(dir);
+    host().save(dir, replace);
   }
   /// Copies the params to the host (stages 0-2: all of them; ZeRO-3: release(names,
   /// keep_writes) did) and into the master weights: after params were overwritten by hand.

@@ -314,12 +314,19 @@ class optimizer {
     ctx_.groups_.at(check_group(g)) = std::move(h);
     ctx_.groups_changed_ = true;  // a device executor copies the groups before the next step
   }
+  /// The options in use (a loaded checkpoint's seed among them).
+  const optimizer_options& options() const noexcept { return ctx_.options_; }
   /// Number of hyper-parameter groups.
   int group_count() const noexcept { return static_cast<int>(ctx_.groups_.size()); }
 
   /// Steps taken so far (skipped steps do not count). On a device executor this reads the
   /// device's counter (a synchronisation, when steps were taken since the last read).
   std::int64_t step_count() const { return detail::sync_decisions(ctx_), ctx_.step_; }
+  /// step() calls so far, skipped steps included (a checkpoint records it): the loop index
+  /// a resumed training loop continues from. No synchronisation.
+  std::int64_t step_calls() const noexcept { return ctx_.step_calls_; }
+  /// Steps skipped for NaN/Inf grads so far: step_calls() - step_count().
+  std::int64_t steps_skipped() const { return step_calls() - step_count(); }
   /// The factor to multiply the loss by before backward (1 without loss scaling). On a
   /// device executor this reads the device's (a synchronisation, as step_count); a kernel
   /// can read it where it lives instead: loss_scale_on_device().
@@ -443,12 +450,14 @@ class optimizer {
 
   /// Writes a checkpoint into directory `dir` (created if needed): one safetensors file
   /// per rank and index.json, written last; the previous checkpoint there stays loadable
-  /// until the new index replaces it. Collective over the data-parallel group and the
+  /// until the new index replaces it. A checkpoint of another optimizer (another policy or
+  /// model) there is refused with io::checkpoint_error naming both, unless `replace` is
+  /// checkpoint_replace::anything. Collective over the data-parallel group and the
   /// tensor-parallel group. Needs `#include <distopt/checkpoint.hpp>` (xxHash).
   /// `dir`: a std::filesystem::path or anything that converts to one.
   template <class Dir>
-  void save(const Dir& dir) {
-    io::checkpoint_files<context_type, stages_type>::save(ctx_, stages_, dir);
+  void save(const Dir& dir, checkpoint_replace replace = checkpoint_replace::same_optimizer) {
+    io::checkpoint_files<context_type, stages_type>::save(ctx_, stages_, dir, replace);
   }
   /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the
   /// same tensor-parallel size; afterwards steps continue bit for bit as the run that saved

@@ -31,6 +31,11 @@ struct precision {
                 "distopt::precision<Param, Grad>: each must be float, distopt::bf16 or distopt::fp16");
 };
 
+/// What `save(dir, ...)` may replace in `dir`: a checkpoint of the same optimizer (the same
+/// policy and model; any ranks, encodings and hyper-parameters), as each save of a run
+/// replaces the last; or anything, another optimizer's checkpoint included.
+enum class checkpoint_replace { same_optimizer, anything };
+
 /// Run-time options of an optimizer that are not hyper-parameters of the math.
 struct optimizer_options {
   /// Keep an fp32 master copy of bf16/fp16 params (ignored for fp32 params). Without one,

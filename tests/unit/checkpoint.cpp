@@ -15,11 +15,13 @@
 #include "muon_cases.hpp"
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -283,6 +285,100 @@ BOOST_AUTO_TEST_CASE(loaded_groups_reach_the_next_step) {
 #if defined(__linux__)
   check_loaded_groups<emulated_device>("groups-device");
 #endif
+}
+
+/// A checkpoint records the step() calls, skipped ones included, so that a resumed loop
+/// continues after the last call (a NaN step before the save made it repeat one), and a
+/// seed of 2^63 or more (a uint64) loads.
+BOOST_AUTO_TEST_CASE(calls_and_seed_survive_a_load) {
+  layout l;
+  l.add("w", {100}, dtype::f32);
+  sgd::hyper_params h;
+  h.lr = 0.1;
+  optimizer_options o;
+  o.seed = (std::uint64_t{1} << 63) + 12345;
+  using opt_t = optimizer<sgd, replicated<fp32>, single, cpu>;
+  opt_t saving(l, {h}, o, cpu(1));
+  for (int s = 0; s < 3; ++s) {
+    auto g = saving.grad("w");
+    std::fill(g.begin(), g.end(), 0.5f);
+    if (s == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
+    BOOST_TEST(saving.step().skipped == (s == 1));
+  }
+  BOOST_TEST(saving.step_calls() == 3);
+  BOOST_TEST(saving.steps_skipped() == 1);
+  scratch_dir dir("calls-seed");
+  saving.save(dir.path);
+  opt_t loaded(l, {h}, {}, cpu(1));
+  loaded.load(dir.path);
+  BOOST_TEST(loaded.step_count() == 2);
+  BOOST_TEST(loaded.step_calls() == 3);
+  BOOST_TEST(loaded.steps_skipped() == 1);
+  BOOST_TEST(loaded.options().seed == o.seed);
+}
+
+/// A save into a directory that holds another optimizer's checkpoint (another policy, or
+/// another model) refuses, naming both, and leaves it loadable; checkpoint_replace::anything
+/// replaces it; a checkpoint of the same optimizer is replaced as before.
+BOOST_AUTO_TEST_CASE(save_refuses_another_optimizers_checkpoint) {
+  layout l;
+  l.add("w", {300}, dtype::f32);
+  layout other_model;
+  other_model.add("v", {300}, dtype::f32);
+  scratch_dir dir("other-optimizer");
+  optimizer<adamw, replicated<fp32>, single, cpu> a(l, {adamw::hyper_params{}}, {}, cpu(1));
+  a.save(dir.path);
+  optimizer<adamw, replicated<fp32>, single, cpu> again(l, {adamw::hyper_params{}}, {}, cpu(1));
+  again.save(dir.path);  // the same optimizer: replaced
+  optimizer<lion, replicated<fp32>, single, cpu> b(l, {lion::hyper_params{}}, {}, cpu(1));
+  const auto names = [](const char* want) {
+    return [want](const io::checkpoint_error& e) {
+      BOOST_TEST_MESSAGE(e.what());
+      return std::string(e.what()).find(want) != std::string::npos;
+    };
+  };
+  BOOST_CHECK_EXCEPTION(b.save(dir.path), io::checkpoint_error, names("a checkpoint of adamw (this optimizer is lion)"));
+  optimizer<adamw, replicated<fp32>, single, cpu> c(other_model, {adamw::hyper_params{}}, {}, cpu(1));
+  BOOST_CHECK_EXCEPTION(c.save(dir.path), io::checkpoint_error, names("a checkpoint of another model (no tensor v)"));
+  a.load(dir.path);  // still adamw's
+  b.save(dir.path, checkpoint_replace::anything);
+  b.load(dir.path);
+  BOOST_CHECK_THROW(a.load(dir.path), io::checkpoint_error);
+}
+
+/// Crafted but self-consistent rank files: rank 1's file replaced by a copy of rank 0's,
+/// and the index's record of it (size, header checksum, the index's own checksum) made to
+/// match, so the slices of rank 0's half appear twice and rank 1's nowhere. The elements
+/// read add up to the elements needed; the load must still refuse (it installed
+/// uninitialised bytes for the hole before it checked coverage per element).
+BOOST_AUTO_TEST_CASE(duplicate_slices_leave_no_hole) {
+  layout l;
+  l.add("w", {1024}, dtype::f32);  // 512 elements on each rank: rank 0's twice add up to 1,024
+  adamw::hyper_params h;
+  scratch_dir dir("duplicate-slices");
+  run_ranks(2, [&](threads& comm) {
+    optimizer<adamw, sharded<fp32>, threads, cpu> opt(l, {h}, {}, cpu(1), std::move(comm));
+    auto p = opt.param("w");
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = 1.0f + static_cast<float>(i);
+    opt.save(dir.path);
+  });
+  const auto text = io::detail::read_whole_file(dir.path / "index.json");
+  auto index = io::detail::parse_index(std::string(reinterpret_cast<const char*>(text.data()), text.size()), "index.json");
+  BOOST_TEST_REQUIRE(index.files.size() == 1u);
+  auto& files = index.files[0];
+  BOOST_TEST_REQUIRE(files.size() == 2u);
+  fs::copy_file(dir.path / files[0].name, dir.path / files[1].name, fs::copy_options::overwrite_existing);
+  files[1].bytes = files[0].bytes;
+  files[1].header_hash = files[0].header_hash;
+  {
+    std::ofstream out(dir.path / "index.json", std::ios::binary | std::ios::trunc);
+    out << io::detail::index_text(index);
+  }
+  optimizer<adamw, replicated<fp32>, single, cpu> one(l, {h}, {}, cpu(1));
+  BOOST_CHECK_EXCEPTION(one.load(dir.path), io::checkpoint_error, [](const io::checkpoint_error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return std::string(e.what()).find("the rank files hold no element") != std::string::npos;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(adamw_q8_percentile) {

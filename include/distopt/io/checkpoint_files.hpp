@@ -30,6 +30,8 @@
 
 #include "../detail/checkpoint_item.hpp"
 #include "../detail/layout_check.hpp"
+#include "../options.hpp"
+#include "../policy/hyper_text.hpp"
 #include "../storage/q8_encoding.hpp"
 #include "checkpoint_format.hpp"
 #include "safetensors.hpp"
@@ -240,13 +242,54 @@ inline void read_resharded(const distopt::detail::checkpoint_item& it, const std
   for (const run& r : runs) files[slices[r.slice].file].close();
 }
 
-inline void save_checkpoint(const checkpoint_party& party, const std::filesystem::path& dir) {
+/// Why the checkpoint in `dir` is another optimizer's (another policy, or another model:
+/// other tensors or whole shapes), or "" when `dir` holds none or one of this optimizer
+/// (on any ranks and TP layout, with any encodings and hyper-parameters).
+inline std::string other_optimizer(const std::filesystem::path& dir, const distopt::detail::checkpoint_scalars& sc) {
+  const std::filesystem::path path = dir / "index.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  checkpoint_index theirs;
+  try {
+    const auto bytes = ::distopt::io::detail::read_whole_file(path);
+    theirs = parse_index(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string());
+  } catch (const std::exception& e) {
+    return "an index.json that is not a distopt checkpoint's (" + std::string(e.what()) + ")";
+  }
+  const auto held = [&theirs](const std::string& k) {
+    const auto it = theirs.identity.find(k);
+    return it == theirs.identity.end() ? std::string("none") : it->second;
+  };
+  std::set<std::string, std::less<>> ours;
+  for (const auto& [k, v] : sc.identity) {
+    if (k == "policy" && held(k) != v) return "a checkpoint of " + held(k) + " (this optimizer is " + v + ")";
+    if (!k.starts_with("tensor ")) continue;
+    ours.insert(k);
+    if (!theirs.identity.contains(k)) return "a checkpoint of another model (no " + k + ")";
+  }
+  for (const auto& [k, v] : theirs.identity)
+    if (k.starts_with("tensor ") && !ours.contains(k))
+      return "a checkpoint of another model (" + k + ", which this optimizer's layout does not have)";
+  for (const auto& [k, v] : sc.whole) {
+    const auto it = theirs.whole.find(k);
+    if (it != theirs.whole.end() && it->second != v)
+      return "a checkpoint of another model (" + k + " " + it->second + ", this optimizer's " + v + ")";
+  }
+  return {};
+}
+
+inline void save_checkpoint(const checkpoint_party& party, const std::filesystem::path& dir, checkpoint_replace replace) {
   const int r = party.rank, d = party.size, t = party.tp_rank, tps = party.tp_size;
   const bool root = r == 0 && t == 0;
   const std::string what = "distopt: saving the checkpoint in '" + dir.string() + "'";
+  const auto sc = party.scalars();
   std::string error;
   try {
     std::filesystem::create_directories(dir);
+    if (root && replace == checkpoint_replace::same_optimizer)
+      if (const std::string other = other_optimizer(dir, sc); !other.empty())
+        error = what + ": it holds " + other + "; save into another directory, or pass "
+                "distopt::checkpoint_replace::anything to replace it";
   } catch (const std::exception& e) {
     error = what + ": cannot create the directory: " + e.what();
   }
@@ -256,7 +299,6 @@ inline void save_checkpoint(const checkpoint_party& party, const std::filesystem
   double nonce = 0;
   if (root) nonce = static_cast<double>(std::random_device{}() % (1u << 20) * (std::uint64_t{1} << 20) + std::random_device{}() % (1u << 20));
   nonce = all_max(party, nonce);
-  const auto sc = party.scalars();
   std::string step;
   for (const auto& [k, v] : sc.state)
     if (k == "step") step = v;
@@ -336,7 +378,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
   const std::string what = "distopt: loading the checkpoint in '" + dir.string() + "'";
   std::string error;
   std::vector<distopt::detail::checkpoint_item> items;
-  std::vector<std::unique_ptr<std::byte[]>> staged;  // not zero-filled: every byte is read before use
+  std::vector<std::unique_ptr<std::byte[]>> staged;  // zero-filled, and every byte is read before use
   detail::checkpoint_index index;
   try {
     const std::string index_path = (dir / "index.json").string();
@@ -379,9 +421,11 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         if (it->second != v)
           detail::fail(index_path, "was written with whole " + k + " " + it->second + " (over its TP parts), this optimizer's is " + v);
       }
-    // What is restored: present and well-formed before anything changes.
+    // What is restored: present and well-formed before anything changes. Numbers are read
+    // as written, whatever the process's locale (std::from_chars).
     for (const auto& [k, v] : sc.state) {
       const auto it = index.state.find(k);
+      if (it == index.state.end() && k == "step_calls") continue;  // before it was recorded: the steps taken
       if (it == index.state.end()) detail::fail(index_path, "records no " + k);
       try {
         if (k.starts_with("group ")) party.check_group(std::stoi(k.substr(6)), it->second);
@@ -391,17 +435,27 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         } else if (k == "master_ready") {
           if (it->second != "true" && it->second != "false") throw std::invalid_argument("expected true or false");
         } else if (k == "loss_scale") {
-          std::size_t used = 0;
-          const double x = std::stod(it->second, &used);
-          if (used != it->second.size() || !(x > 0) || !std::isfinite(x)) throw std::invalid_argument("not a positive number");
+          double x = 0.0;
+          if (!distopt::detail::parse_double(it->second, x) || !(x > 0) || !std::isfinite(x))
+            throw std::invalid_argument("not a positive number");
+        } else if (k == "seed") {
+          std::uint64_t x = 0;
+          if (!distopt::detail::parse_value(it->second, x)) throw std::invalid_argument("not an integer in [0, 2^64)");
         } else {
-          std::size_t used = 0;
-          const long long x = std::stoll(it->second, &used);
-          if (used != it->second.size() || x < 0) throw std::invalid_argument("not a non-negative integer");
+          std::int64_t x = -1;
+          if (!distopt::detail::parse_value(it->second, x) || x < 0) throw std::invalid_argument("not a non-negative integer");
         }
       } catch (const std::exception& e) {
         detail::fail(index_path, "state " + k + " = '" + it->second + "' is invalid: " + e.what());
       }
+    }
+    if (const auto calls = index.state.find("step_calls"); calls != index.state.end()) {
+      std::int64_t c = 0, taken = 0;
+      distopt::detail::parse_value(calls->second, c);
+      distopt::detail::parse_value(index.state.at("step"), taken);
+      if (c < taken)
+        detail::fail(index_path, "records " + calls->second + " step() calls but " + index.state.at("step") +
+                                     " steps taken: a step is taken by a call");
     }
     // This TP part's files (every part's when resharding over TP): sizes and header
     // checksums first, then what they hold.
@@ -466,7 +520,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
                                                         "least min_8bit_size elements: this TP layout changes which are)"
                                                       : ""));
       }
-      staged[k].reset(new std::byte[static_cast<std::size_t>(it.count * it.element_size)]);
+      staged[k].reset(new std::byte[static_cast<std::size_t>(it.count * it.element_size)]());  // zeros, never stale bytes
       // Resharding over TP: a tensor whose part is as it was saved (unchanged identity, and
       // this part was saved) is read from this part's files as without resharding; the
       // others through their boxes.
@@ -483,7 +537,9 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
           continue;
         }
       }
-      std::uint64_t covered = 0;
+      // Which of this rank's elements the slices hold: their union, not the sum of their
+      // sizes (duplicate slices in crafted rank files must not hide a hole).
+      std::vector<std::pair<std::uint64_t, std::uint64_t>> held;
       for (const auto& s : found->second) {
         if (s.part != t) continue;
         if (s.dtype != it.dtype || s.total != it.total)
@@ -493,11 +549,18 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
         const std::uint64_t a = std::max(it.first, s.first), b = std::min(it.first + it.count, s.first + s.count);
         if (a >= b) continue;
         detail::read_slice(files[s.file], s, a, b, staged[k].get() + (a - it.first) * it.element_size, buffer, it.name);
-        covered += b - a;
+        held.emplace_back(a, b);
       }
-      if (covered != it.count)
-        detail::fail(dir.string(), "the rank files hold " + std::to_string(covered) + " of the " + std::to_string(it.count) +
-                                       " elements of '" + it.name + "' this rank needs");
+      std::sort(held.begin(), held.end());
+      std::uint64_t reached = it.first;  // every element below it is held
+      for (const auto& [a, b] : held) {
+        if (a > reached) break;
+        reached = std::max(reached, b);
+      }
+      if (reached != it.first + it.count)
+        detail::fail(dir.string(), "the rank files hold no element " + std::to_string(reached) + " of '" + it.name +
+                                       "' (this rank needs " + std::to_string(it.first) + " to " +
+                                       std::to_string(it.first + it.count) + ")");
     }
   } catch (const std::exception& e) {
     error = what + ": " + e.what();

@@ -365,6 +365,7 @@ struct checkpoint_access {
     }
     const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
     st("step", std::to_string(o.step_));
+    st("step_calls", std::to_string(o.step_calls_));  // skipped ones included: a resume starts after the last call
     st("seed", std::to_string(o.options_.seed));
     st("master_ready", o.master_ready_ ? "true" : "false");
     std::string started;
@@ -385,13 +386,23 @@ struct checkpoint_access {
   static void restore_checkpoint(Opt& o, Stages& stages, const std::map<std::string, std::string, std::less<>>& st) {
     distopt::detail::sync_decisions(o);  // what the device decided is replaced below, and pushed before the next step
     o.decisions_changed_ = true;
-    o.step_ = std::stoll(st.at("step"));
-    o.options_.seed = std::stoull(st.at("seed"));
+    const auto number = [&st](const char* k, auto& out) { distopt::detail::parse_value(st.at(k), out); };
+    number("step", o.step_);
+    const auto calls = st.find("step_calls");  // absent before it was recorded: no skipped step counted
+    if (calls != st.end()) distopt::detail::parse_value(calls->second, o.step_calls_);
+    else o.step_calls_ = o.step_;
+    number("seed", o.options_.seed);
     o.master_ready_ = st.at("master_ready") == "true";
     const std::string& started = st.at("state_started");
     o.state_started_.assign(o.groups_.size(), false);
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = started[g] == '1';
-    if (o.scaler_) o.scaler_->restore(std::stod(st.at("loss_scale")), std::stoll(st.at("growth_tracker")));
+    if (o.scaler_) {
+      double scale = 1.0;
+      std::int64_t tracker = 0;
+      distopt::detail::parse_double(st.at("loss_scale"), scale);
+      number("growth_tracker", tracker);
+      o.scaler_->restore(scale, tracker);
+    }
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
     o.groups_changed_ = true;  // the step's copies of the groups and their slot counts follow
     stage_restore(o, stages);
@@ -459,8 +470,8 @@ struct checkpoint_access {
 /// go stale; refused before anything is read) and drops ZeRO-3's prefetches.
 template <class Context, class Stages>
 struct checkpoint_files {
-  static void save(Context& ctx, Stages& stages, const std::filesystem::path& dir) {
-    detail::save_checkpoint(checkpoint_access::party(ctx, stages), dir);
+  static void save(Context& ctx, Stages& stages, const std::filesystem::path& dir, checkpoint_replace replace) {
+    detail::save_checkpoint(checkpoint_access::party(ctx, stages), dir, replace);
   }
   static void load(Context& ctx, Stages& stages, const std::filesystem::path& dir) {
     distopt::detail::end_param_gathers(ctx, "load()");
@@ -470,8 +481,9 @@ struct checkpoint_files {
 
 /// Writes `opt`'s checkpoint into `dir` (collective): `opt.save(dir)`.
 template <class Optimizer>
-void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir) {
-  opt.save(dir);
+void save_checkpoint(Optimizer& opt, const std::filesystem::path& dir,
+                     checkpoint_replace replace = checkpoint_replace::same_optimizer) {
+  opt.save(dir, replace);
 }
 
 /// Loads `opt`'s state from the checkpoint in `dir` (collective): `opt.load(dir)`.

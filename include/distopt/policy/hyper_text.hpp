@@ -9,7 +9,6 @@
 #include <optional>
 #include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -22,12 +21,25 @@ namespace distopt {
 
 namespace detail {
 
+/// A decimal (or 0x hexadecimal) number, as Python's float() and strtod in the "C" locale
+/// read it, whatever the process's locale: std::from_chars, after blanks around it and a
+/// leading '+' (which from_chars does not take).
 inline bool parse_double(std::string_view text, double& out) {
-  if (text.empty()) return false;
-  std::string s(text);
-  char* end = nullptr;
-  out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  const bool minus = !text.empty() && text.front() == '-';
+  if (!text.empty() && (text.front() == '+' || minus)) text.remove_prefix(1);
+  if (text.empty() || text.front() == '+' || text.front() == '-') return false;
+  auto format = std::chars_format::general;
+  if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
+    text.remove_prefix(2);
+    format = std::chars_format::hex;
+  }
+  double v = 0.0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v, format);
+  if (ec != std::errc{} || p != text.data() + text.size()) return false;
+  out = minus ? -v : v;
+  return true;
 }
 
 template <class M>
