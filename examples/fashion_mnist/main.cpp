@@ -32,6 +32,7 @@ namespace {
 
 /// The most ranks --ranks accepts (each is a thread with its own copy of the model).
 constexpr int max_ranks = 256;
+constexpr int max_threads = 1024;  // host threads per rank: a typo, not a machine, beyond it
 
 constexpr const char* usage_text =
     "usage: distopt-fashion-mnist [--optimizer sgd|adam|adamw|lion|lamb|adafactor|came|galore_adamw|muon]\n"
@@ -76,7 +77,9 @@ constexpr const char* usage_text =
     "  --checkpoint    save the optimizer (params and states) into DIR at the end, and every\n"
     "                  --checkpoint-every N steps; each save replaces the last one atomically\n"
     "  --resume        load DIR (saved with any --ranks and --tp, the same model) and continue\n"
-    "                  from its step: the same shuffles and batches as an uninterrupted run\n"
+    "                  after its last step() call (skipped steps count): the same shuffles\n"
+    "                  and batches as an uninterrupted run; --set then changes the loaded\n"
+    "                  hyper-parameters it names\n"
     "  --ranks         data-parallel ranks as threads of this process, default 1. Each rank\n"
     "                  takes a contiguous part of every batch (the first batch % N ranks one\n"
     "                  sample more) and the optimizer state is sharded over the ranks; the\n"
@@ -169,8 +172,11 @@ fmnist::config parse_args(int argc, char** argv) {
         throw usage_error("--param-dtype fp16: not supported by this example (fp32 or bf16)");
       if (cfg.param_dtype != "fp32" && cfg.param_dtype != "bf16")
         throw usage_error("--param-dtype: unknown dtype '" + cfg.param_dtype + "' (fp32 or bf16)");
-    } else if (a == "--threads") cfg.threads = parse_number<int>(a, value(), 0);
-    else if (a == "--seed") cfg.seed = parse_number<std::uint64_t>(a, value(), 0);
+    } else if (a == "--threads") {
+      cfg.threads = parse_number<int>(a, value(), 0);
+      if (cfg.threads > max_threads)
+        throw usage_error("--threads: must be at most " + std::to_string(max_threads) + ", got " + std::to_string(cfg.threads));
+    } else if (a == "--seed") cfg.seed = parse_number<std::uint64_t>(a, value(), 0);
     else if (a == "--data") cfg.data_dir = value();
     else if (a == "--log") cfg.log_path = value();
     else if (a == "--plot") cfg.plot_path = value();
@@ -232,6 +238,9 @@ fmnist::config parse_args(int argc, char** argv) {
     } else
       throw usage_error("unknown option '" + std::string(a) + "' (see --help)");
   }
+  if (cfg.checkpoint_every > 0 && cfg.checkpoint_dir.empty())
+    throw usage_error("--checkpoint-every " + std::to_string(cfg.checkpoint_every) +
+                      ": saves into --checkpoint DIR, which is not given");
   if (cfg.zero > 0) {
     const std::string stage = "--zero " + std::to_string(cfg.zero);
     if (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon")

@@ -66,18 +66,24 @@ void drop_matrix_treatment(typename Policy::hyper_params& h) {
   if constexpr (distopt::orthogonalizes_matrices<Policy>) h.use_muon = false;
 }
 
-/// The hyper-parameters of the weights: example defaults, then every --set in order.
+/// Every --set in order, applied to `h`.
 template <class Policy>
-typename Policy::hyper_params hyper_from(const config& cfg) {
-  typename Policy::hyper_params h;
-  apply_example_defaults<Policy>(h);
+typename Policy::hyper_params with_sets(const config& cfg, typename Policy::hyper_params h) {
   try {
-    return distopt::apply_hyper_params<Policy>(h, cfg.sets);
+    return distopt::apply_hyper_params<Policy>(std::move(h), cfg.sets);
   } catch (const distopt::invalid_hyper_parameter& e) {  // a value out of range
     throw usage_error(e.what());
   } catch (const std::invalid_argument& e) {  // a setting that does not parse
     throw usage_error(std::string("--set ") + e.what());
   }
+}
+
+/// The hyper-parameters of the weights: example defaults, then every --set in order.
+template <class Policy>
+typename Policy::hyper_params hyper_from(const config& cfg) {
+  typename Policy::hyper_params h;
+  apply_example_defaults<Policy>(h);
+  return with_sets<Policy>(cfg, std::move(h));
 }
 
 /// Rank r's part of n items split over d ranks: a contiguous range, the first n % d ranks
@@ -102,14 +108,18 @@ struct prepared {
 
 /// The hyper-parameter groups: 0 weights, 1 biases (no weight decay); for GaLore and Muon
 /// also 2, the output layer's weight, with weight decay but no projection (GaLore) or with
-/// AdamW (Muon).
+/// AdamW (Muon). What makes group g what it is, applied after --set (when built, and after
+/// a load).
+template <class Policy>
+void shape_group(typename Policy::hyper_params& h, std::size_t g) {
+  if (g == 1) h.weight_decay = 0.0;  // biases, without weight decay as usual in PyTorch recipes
+  if (g >= 1) drop_matrix_treatment<Policy>(h);  // biases: not projected (GaLore), AdamW (Muon)
+}
+
 template <class Policy>
 std::vector<typename Policy::hyper_params> groups_of(const prepared<Policy>& in) {
-  std::vector<typename Policy::hyper_params> g{in.decay, in.no_decay};
-  if constexpr (has_matrix_groups<Policy>) {
-    g.push_back(in.decay);
-    drop_matrix_treatment<Policy>(g.back());
-  }
+  std::vector<typename Policy::hyper_params> g(has_matrix_groups<Policy> ? 3 : 2, in.decay);
+  for (std::size_t k = 0; k < g.size(); ++k) shape_group<Policy>(g[k], k);
   return g;
 }
 
@@ -120,9 +130,8 @@ prepared<Policy> prepare(const config& cfg, bool writer) {
   prepared<Policy> p;
   if (writer) check_outputs(cfg);
   p.decay = hyper_from<Policy>(cfg);
-  p.no_decay = p.decay;  // group 1: biases, without weight decay as usual in PyTorch recipes
-  p.no_decay.weight_decay = 0.0;
-  drop_matrix_treatment<Policy>(p.no_decay);  // biases: not projected (GaLore), AdamW (Muon)
+  p.no_decay = p.decay;
+  shape_group<Policy>(p.no_decay, 1);
   p.data = load_dataset(cfg);
   if (writer && !cfg.log_path.empty()) {
     p.log.reset(std::fopen(cfg.log_path.c_str(), "w"));

@@ -195,7 +195,16 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   if (!cfg.resume_dir.empty()) {
     opt.load(cfg.resume_dir);
     refresh_shadow();
-    first_step = static_cast<std::size_t>(opt.step_count());
+    // The batches of every step() call made, skipped ones included, are behind.
+    first_step = static_cast<std::size_t>(opt.step_calls());
+    // --set after the load, as a PyTorch loop sets a param group's lr after
+    // load_state_dict: the checkpoint's hyper-parameters, with the keys --set names taking its values.
+    if (!cfg.sets.empty())
+      for (int g = 0; g < opt.group_count(); ++g) {
+        auto h = with_sets<Policy>(cfg, opt.hyper(g));
+        shape_group<Policy>(h, static_cast<std::size_t>(g));
+        opt.set_hyper(g, std::move(h));
+      }
     if (writer) std::cout << "resumed from " << cfg.resume_dir << " at step " << first_step << "\n";
   }
 #endif

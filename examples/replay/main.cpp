@@ -11,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <clocale>
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -33,6 +34,8 @@
 
 namespace {
 
+constexpr int max_threads = 1024;  // host threads per rank: a typo, not a machine, beyond it
+
 constexpr const char* usage_text =
     "usage: distopt-replay --optimizer NAME --trace IN.safetensors --out OUT.safetensors\n"
     "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
@@ -45,7 +48,8 @@ constexpr const char* usage_text =
     "                      [--max-grad-norm X] [--clip X] [--loss-scale S[,G]]\n"
     "                      [--nan-at K] [--grad-reduce-fp32] [--log FILE]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
-    "on any number of ranks and any --tp) and runs the trace's remaining steps.\n"
+    "on any number of ranks and any --tp) and runs the trace's steps after its last step()\n"
+    "call (skipped steps count); --set then changes the loaded hyper-parameters it names.\n"
     "--state q8 keeps 8-bit block-wise states for tensors of at least --min-8bit-size\n"
     "elements (default 4096; smaller ones keep fp32). --percentile-clipping P (0..100,\n"
     "default 100 = off) clips each tensor's gradient at the P-th percentile of its last 100\n"
@@ -135,7 +139,9 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--threads") {
       cfg.threads = parse_int(a, value());
       threads_given = true;
-      if (cfg.threads < 0) throw replay::usage_error("--threads: must be >= 0 (0 = one per core)");
+      if (cfg.threads < 0 || cfg.threads > max_threads)
+        throw replay::usage_error("--threads: must be in [0, " + std::to_string(max_threads) + "] (0 = one per core), got " +
+                                  std::to_string(cfg.threads));
     } else if (a == "--min-8bit-size") {
       const int n = parse_int(a, value());
       if (n < 0) throw replay::usage_error("--min-8bit-size: must be >= 0");
@@ -259,6 +265,10 @@ replay::trace load_trace(const std::string& path) {
     throw io::format_error(path + ": __metadata__ \"steps\" is not an integer: '" + it->second + "'");
   }
   if (steps < 0) throw io::format_error(path + ": __metadata__ \"steps\" is negative");
+  // Bounded by what the file holds (a grad tensor per param per step) before anything is allocated.
+  if (static_cast<std::size_t>(steps) > file.names().size())
+    throw io::format_error(path + ": __metadata__ \"steps\" is " + it->second + ", but the file holds only " +
+                           std::to_string(file.names().size()) + " tensors (a grad per param per step)");
 
   replay::trace tr;
   std::set<std::string> expected;
@@ -289,6 +299,9 @@ replay::trace load_trace(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The environment's locale, as a program that prints for people sets it: what distopt
+  // reads and writes (hyper-parameters, checkpoints) and the --log do not depend on it.
+  std::setlocale(LC_ALL, "");
   paths io;
   try {
     const replay::config cfg = parse_args(argc, argv, io);

@@ -6,6 +6,7 @@
 #include <distopt/distopt.hpp>
 
 #include <cstdio>
+#include <locale.h>
 #include <iostream>
 #include <limits>
 #include <optional>
@@ -99,11 +100,12 @@ inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects,
   return r;
 }
 
-/// Applies --set to the policy's defaults; bad values are usage errors.
+/// Applies --set to `h` (the policy's defaults, or a loaded checkpoint's group); bad values
+/// are usage errors.
 template <class Policy>
-typename Policy::hyper_params hyper_of(const config& cfg) {
+typename Policy::hyper_params hyper_of(const config& cfg, typename Policy::hyper_params h = {}) {
   try {
-    return distopt::apply_hyper_params<Policy>(typename Policy::hyper_params{}, cfg.sets);
+    return distopt::apply_hyper_params<Policy>(std::move(h), cfg.sets);
   } catch (const distopt::invalid_hyper_parameter& e) {  // a value out of range
     throw usage_error(e.what());
   } catch (const std::invalid_argument& e) {  // a setting that does not parse
@@ -129,12 +131,29 @@ inline distopt::optimizer_options options_of(const config& cfg) {
   return opts;
 }
 
-/// The first step to run after --resume loaded a checkpoint at `loaded`.
-inline std::size_t resume_step(const trace& tr, std::int64_t loaded) {
-  const auto first = static_cast<std::size_t>(loaded);
+/// galore_adamw: the GaLore group (group 1, with the rank) holds the matrices not named
+/// *.bias; everything else is in a plain group (group 0), as in tests/reference.
+/// muon: likewise, the Muon group (group 1) holds the matrices not named *.bias, group 0
+/// runs AdamW on the rest (use_muon = false), as tests/reference/muon_cases.txt describes.
+/// What makes group g what it is, applied after --set (when built, and after a load).
+template <class Policy>
+void shape_group(typename Policy::hyper_params& h, std::size_t g) {
+  if constexpr (distopt::projects_matrices<Policy>)
+    if (g == 0) h.rank.reset();
+  if constexpr (distopt::orthogonalizes_matrices<Policy>)
+    if (g == 0) h.use_muon = false;
+}
+
+/// The first step to run after --resume loaded a checkpoint made after `calls` step() calls
+/// (skipped steps included: each call consumed one step of the trace).
+inline std::size_t resume_step(const trace& tr, const config& cfg, std::int64_t calls) {
+  const auto first = static_cast<std::size_t>(calls);
   if (first > tr.grads.size())
     throw usage_error("--resume: the checkpoint is at step " + std::to_string(first) + ", the trace has " +
                       std::to_string(tr.grads.size()) + " steps");
+  if (cfg.save_at > 0 && cfg.save_at <= static_cast<int>(first))
+    throw usage_error("--save-at " + std::to_string(cfg.save_at) + ": the run resumes after step " +
+                      std::to_string(first) + " (" + cfg.resume_dir + "), so it would save nothing");
   return first;
 }
 
@@ -162,22 +181,10 @@ auto read_view(Exec& exec, View view) {
 template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
 result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Comm> tp_comm = {},
                 tp_place tp = {}) {
-  const auto h = hyper_of<Policy>(cfg);
-  // galore_adamw: the GaLore group (group 1, with the rank) holds the matrices not named
-  // *.bias; everything else is in a plain group (group 0), as in tests/reference.
-  // muon: likewise, the Muon group (group 1) holds the matrices not named *.bias, group 0
-  // runs AdamW on the rest (use_muon = false), as tests/reference/muon_cases.txt describes.
-  std::vector<typename Policy::hyper_params> groups{h};
   constexpr bool matrix_groups = distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
-  if constexpr (distopt::projects_matrices<Policy>) {
-    auto plain = h;
-    plain.rank.reset();
-    groups = {plain, h};
-  } else if constexpr (distopt::orthogonalizes_matrices<Policy>) {
-    auto plain = h;
-    plain.use_muon = false;
-    groups = {plain, h};
-  }
+  std::vector<typename Policy::hyper_params> groups{hyper_of<Policy>(cfg)};
+  if constexpr (matrix_groups) groups.push_back(groups[0]);
+  for (std::size_t g = 0; g < groups.size(); ++g) shape_group<Policy>(groups[g], g);
   rank_plan plan = plan_rank(tr, distopt::dtype_of<Param>, matrix_groups, tp);
   const int rank = comm.rank();
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, Grad>> opt(
@@ -217,7 +224,15 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     } catch (const distopt::io::checkpoint_error& e) {  // missing, corrupt or another run's
       throw usage_error(std::string("--resume: ") + e.what());
     }
-    first_step = resume_step(tr, opt.step_count());
+    first_step = resume_step(tr, cfg, opt.step_calls());
+    // --set after the load, as a PyTorch loop sets a param group's lr after load_state_dict:
+    // the checkpoint's hyper-parameters, with the keys --set names taking its values.
+    if (!cfg.sets.empty())
+      for (int g = 0; g < opt.group_count(); ++g) {
+        auto h = hyper_of<Policy>(cfg, opt.hyper(g));
+        shape_group<Policy>(h, static_cast<std::size_t>(g));
+        opt.set_hyper(g, std::move(h));
+      }
   }
 #endif
   if (cfg.save_at > static_cast<int>(tr.grads.size()))
@@ -244,10 +259,13 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     const double clip_norm = cfg.clip > 0.0 ? opt.clip_grad_norm(cfg.clip) : 0.0;
     const distopt::step_result r = opt.step();
     opt.zero_grad();
-    if (!cfg.log_path.empty() && writer) {  // hexadecimal floats: the exact bits
+    if (!cfg.log_path.empty() && writer) {  // hexadecimal floats: the exact bits, in the "C" locale
       char line[256];
+      static const locale_t c_numbers = newlocale(LC_NUMERIC_MASK, "C", locale_t{});
+      const locale_t before = uselocale(c_numbers);
       std::snprintf(line, sizeof line, "step %zu: skipped %d norm %a clip %a count %lld loss_scale %a\n", s + 1,
                     r.skipped ? 1 : 0, r.grad_norm, clip_norm, static_cast<long long>(r.step), r.loss_scale);
+      uselocale(before);
       out.log += line;
     }
 #ifdef DISTOPT_REPLAY_CHECKPOINT

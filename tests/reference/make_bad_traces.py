@@ -42,6 +42,8 @@ def main():
     write("missing_steps.safetensors", safetensors_bytes([p, g0], None))
     write("wrong_shape.safetensors", safetensors_bytes([p, ("grad.0.w", [2], [0.1, 0.2])], {"steps": "1"}))
     write("no_params.safetensors", safetensors_bytes([g0], {"steps": "1"}))
+    # 2^31 - 1 steps in a file of three tensors: refused before anything is allocated.
+    write("huge_steps.safetensors", safetensors_bytes([p, g0, g1], {"steps": "2147483647"}))
     write("not_safetensors.safetensors", b"this is not a safetensors file\n")
 
 
