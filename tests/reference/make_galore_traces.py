@@ -37,6 +37,9 @@ must agree with the reference after every step (rtol 1e-5, atol 1e-6), and delib
 wrong variants (refresh one step late, states reset at a refresh, scale ignored, one
 singular vector's sign flipped at a later refresh, ...) must miss the expected params by
 far more than the tolerance; the margins are printed.
+
+make_galore_one_refresh.py adds, from the traces written here, each case with a single
+refresh (expectations that do not depend on singular-vector signs); run it after this.
 """
 
 from __future__ import annotations
