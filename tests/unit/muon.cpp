@@ -35,6 +35,24 @@ using harness::muon_groups;
 
 // ---- float64 re-computation ----------------------------------------------------------
 
+/// torch.optim.Muon's learning rate for a rows x cols matrix (torch/optim/_muon.py,
+/// _adjust_lr), written out here in double rather than read from the library:
+/// None / "original": lr * sqrt(max(1, rows / cols)); "match_rms_adamw": lr * 0.2 *
+/// sqrt(max(rows, cols)); "spectral_unclamped": lr * sqrt(rows / cols).
+double torch_adjusted_lr(const muon::hyper_params& h, std::int64_t rows, std::int64_t cols) {
+  const double a = static_cast<double>(rows), b = static_cast<double>(cols);
+  switch (h.adjust_lr_fn) {
+    case muon_adjust_lr::original:
+      return h.lr * std::sqrt(std::max(1.0, a / b));
+    case muon_adjust_lr::match_rms_adamw:
+      return h.lr * 0.2 * std::sqrt(std::max(a, b));
+    case muon_adjust_lr::spectral_unclamped:
+      return h.lr * std::sqrt(a / b);
+  }
+  BOOST_FAIL("unknown adjust_lr_fn");
+  return 0.0;
+}
+
 /// torch.optim.Muon's Newton–Schulz in double (row-major m x n).
 std::vector<double> ns_double(std::vector<double> u, std::int64_t m, std::int64_t n, const muon::hyper_params& h) {
   const bool tall = m > n;
@@ -96,7 +114,7 @@ std::vector<std::vector<double>> reference(const layout& l, const std::vector<mu
           u[i] = h.nesterov ? (1 - h.momentum) * g[i] + h.momentum * m0[t][i] : m0[t][i];
         }
         const auto o = ns_double(u, ts[t].shape[0], ts[t].shape[1], h);
-        const double lr = muon::adjusted_lr(h, ts[t].shape[0], ts[t].shape[1]);
+        const double lr = torch_adjusted_lr(h, ts[t].shape[0], ts[t].shape[1]);
         for (std::size_t i = 0; i < g.size(); ++i) p[t][i] = p[t][i] * (1 - h.lr * h.weight_decay) - lr * o[i];
       } else {  // torch.optim.AdamW
         const double bc1 = 1 - std::pow(h.betas[0], s + 1), bc2 = 1 - std::pow(h.betas[1], s + 1);
@@ -151,10 +169,14 @@ harness::outcome run_ranks_(int d, const std::vector<muon::hyper_params>& h, std
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(newton_schulz_against_float64) {
-  // fp32 NS: the output's entries are O(1 / sqrt(max(m, n))); fp32 products over k <= 64
+  // fp32 NS: the output's entries are O(1 / sqrt(max(m, n))); fp32 products over k <= 300
   // terms, 3 per iteration, 5 iterations whose slope at 0 is a = 3.4445: each rounding
-  // (2^-24 relative) can grow a^5 ~ 490 times, so |error| <= 2^-24 * 490 * 64 ~ 2e-3 of
-  // the largest entry is the bound; it comes out near 1e-6.
+  // (2^-24 relative) can grow a^5 ~ 490 times. That worst case (2^-24 * 490 * k ~ 9e-3 of
+  // the largest entry for k = 300) would let a real mistake through, so the tolerances sit near
+  // what is observed (OpenBLAS sgemm, one thread; the worst of the shapes below, relative to
+  // the largest entry): fp32 3.5e-6 (tolerance 1e-5), bf16 0.036 (tolerance 0.08, and more
+  // than 1e-5: bf16 must round).
+  constexpr double tol32 = 1e-5, tol16 = 0.08;
   muon::hyper_params h;
   double worst32 = 0, worst16 = 0;
   // The last four span several 128 x 128 tiles (and one tile row or column).
@@ -171,15 +193,17 @@ BOOST_AUTO_TEST_CASE(newton_schulz_against_float64) {
       err = std::max(err, std::abs(want[i] - got[i]));
     }
     worst32 = std::max(worst32, err / big);
-    BOOST_TEST(err <= 2e-3 * big, m << " x " << n << ": fp32 error " << err << " of " << big);
-    // bf16: each product rounded to 8 bits (2^-9 relative) grows the same way: within 0.1.
+    const double err32 = err;
+    BOOST_TEST(err <= tol32 * big, m << " x " << n << ": fp32 error " << err << " of " << big);
+    // bf16: each product rounded to 8 bits (2^-9 relative) grows the same way.
     auto h16 = h;
     h16.ns_dtype = muon_ns_dtype::bf16;
     ns.run(h16, uf.data(), m, n, got.data());
     err = 0;
     for (std::size_t i = 0; i < u.size(); ++i) err = std::max(err, std::abs(want[i] - got[i]));
     worst16 = std::max(worst16, err / big);
-    BOOST_TEST(err <= 0.1 * big, m << " x " << n << ": bf16 error " << err << " of " << big);
+    BOOST_TEST_MESSAGE(m << " x " << n << ": NS error / largest entry: fp32 " << err32 / big << ", bf16 " << err / big);
+    BOOST_TEST(err <= tol16 * big, m << " x " << n << ": bf16 error " << err << " of " << big);
     BOOST_TEST(err > 1e-5 * big, "bf16 NS must round (" << err << ")");
   }
   BOOST_TEST_MESSAGE("NS relative error: fp32 " << worst32 << ", bf16 " << worst16);
