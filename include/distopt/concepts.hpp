@@ -35,6 +35,8 @@ enum class reduce_op { sum, avg, max };
 // A policy is a plain struct:
 //   static constexpr std::string_view name;
 //   static constexpr int max_state_slots;         // fp32 values of state per element, at most
+//   static constexpr int min_state_slots;         // optional (default 0): the fewest any
+//                                                 // hyper_params use; loops are built for min..max
 //   struct hyper_params { ...; void validate() const; };   // the reference's argument names
 //   struct scalars { ... };                       // per-step, per-group values, trivially copyable
 //   static int state_slots(const hyper_params&);  // slots in use for these hyper-parameters
@@ -48,6 +50,18 @@ concept policy_declares_state = requires {
   { P::name } -> std::convertible_to<std::string_view>;
   { P::max_state_slots } -> std::convertible_to<int>;
 } && (P::max_state_slots >= 0) && (P::max_state_slots <= 4);
+
+/// A policy's min_state_slots, 0 where it declares none: the element loops are instantiated
+/// for min_state_slots..max_state_slots slots only (each count is a loop of its own).
+template <class P, class = void>
+struct min_state_slots_of {
+  static constexpr int value = 0;
+};
+template <class P>
+struct min_state_slots_of<P, std::void_t<decltype(P::min_state_slots)>> {
+  static constexpr int value = P::min_state_slots;
+  static_assert(value >= 0 && value <= P::max_state_slots, "min_state_slots must lie in 0..max_state_slots");
+};
 
 /// The policy keeps its hyper-parameters in a default-constructible struct that validates itself.
 template <class P>

@@ -102,7 +102,15 @@ struct context {
           [this](std::span<const double> in, std::span<double> out) { comms_.all_gather_host(exec_, comm_, in, out); },
           layout_, "distopt::optimizer");
     if (options_.loss_scale) scaler_ = loss_scaler(*options_.loss_scale);
-    for (const auto& h : groups_) slots_ = std::max(slots_, Policy::state_slots(h));
+    for (const auto& h : groups_) {
+      const int n = Policy::state_slots(h);
+      if (n < min_state_slots_of<Policy>::value || n > Policy::max_state_slots)
+        throw std::logic_error(std::string(Policy::name) + ": state_slots() gave " + std::to_string(n) +
+                               ", outside the policy's min_state_slots..max_state_slots (" +
+                               std::to_string(min_state_slots_of<Policy>::value) + ".." +
+                               std::to_string(Policy::max_state_slots) + ")");
+      slots_ = std::max(slots_, n);
+    }
 
     const int d = comm_.size();
     plan_ = shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0, options_.bucket_elems, chunk_elems,

@@ -43,13 +43,16 @@ void with_param_mode(const Ctx& c, F&& f) {
 }
 
 /// Calls f(std::integral_constant<int, N>) for each state slot count N in use by a group
-/// (`active`: per group), N = 0..Policy::max_state_slots, in increasing order.
+/// (`active`: per group), N = min_state_slots..max_state_slots, in increasing order (the
+/// context's constructor refuses groups outside that range).
 template <class Policy, class F>
 void for_each_slot_count(const std::vector<int>& active, F&& f) {
-  [&]<int... N>(std::integer_sequence<int, N...>) {
-    ((std::find(active.begin(), active.end(), N) != active.end() ? f(std::integral_constant<int, N>{}) : void()),
+  constexpr int lo = min_state_slots_of<Policy>::value;
+  [&]<int... K>(std::integer_sequence<int, K...>) {
+    ((std::find(active.begin(), active.end(), lo + K) != active.end() ? f(std::integral_constant<int, lo + K>{})
+                                                                        : void()),
      ...);
-  }(std::make_integer_sequence<int, Policy::max_state_slots + 1>{});
+  }(std::make_integer_sequence<int, Policy::max_state_slots - lo + 1>{});
 }
 
 /// What one step's update phases read besides the buffers: each group's scalars and slot

@@ -32,6 +32,7 @@ namespace distopt {
 struct adafactor {
   static constexpr std::string_view name = "adafactor";
   static constexpr int max_state_slots = 2;
+  static constexpr int min_state_slots = 1;  // the update loops are built for 1..max_state_slots
 
   /// transformers' Adafactor arguments and defaults (lr and beta1 may be None).
   struct hyper_params {

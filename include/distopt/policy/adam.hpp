@@ -34,6 +34,7 @@ template <bool Decoupled>
 struct adam_family {
   /// Slots: 0 exp_avg, 1 exp_avg_sq, 2 max_exp_avg_sq (amsgrad only).
   static constexpr int max_state_slots = 3;
+  static constexpr int min_state_slots = 2;  // the update loops are built for 2..max_state_slots
   /// The second moments never go negative (8-bit states give them the unsigned map).
   static constexpr bool nonnegative_slot(int k) { return k >= 1; }
   static constexpr std::string_view family_name = Decoupled ? "adamw" : "adam";

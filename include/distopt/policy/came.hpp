@@ -32,6 +32,7 @@ namespace distopt {
 struct came {
   static constexpr std::string_view name = "came";
   static constexpr int max_state_slots = 2;
+  static constexpr int min_state_slots = 2;  // the update loops are built for 2..max_state_slots
 
   /// came-pytorch's arguments and defaults (it has no default lr; ours is the paper's 2e-4).
   struct hyper_params {

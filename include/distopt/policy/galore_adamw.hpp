@@ -90,6 +90,7 @@ struct galore_adamw {
   static constexpr std::string_view name = "galore_adamw";
   /// Slots: 0 exp_avg, 1 exp_avg_sq (per element of the projected gradient in a rank group).
   static constexpr int max_state_slots = 2;
+  static constexpr int min_state_slots = 2;  // the update loops are built for 2..max_state_slots
   /// exp_avg_sq never goes negative (8-bit states may give it the unsigned map).
   static constexpr bool nonnegative_slot(int k) { return k == 1; }
 

@@ -33,6 +33,7 @@ namespace distopt {
 struct lamb {
   static constexpr std::string_view name = "lamb";
   static constexpr int max_state_slots = 2;
+  static constexpr int min_state_slots = 2;  // the update loops are built for 2..max_state_slots
 
   /// torch-optimizer's Lamb arguments and defaults, plus apex's always_adapt.
   struct hyper_params {

@@ -17,6 +17,7 @@ struct lion {
   static constexpr std::string_view name = "lion";
   /// Slot 0: exp_avg.
   static constexpr int max_state_slots = 1;
+  static constexpr int min_state_slots = 1;  // the update loops are built for 1..max_state_slots
 
   /// lion-pytorch's arguments and defaults.
   struct hyper_params {

@@ -74,6 +74,7 @@ struct muon {
   static constexpr std::string_view name = "muon";
   /// Slots: Muon groups 0 momentum_buffer; AdamW groups 0 exp_avg, 1 exp_avg_sq.
   static constexpr int max_state_slots = 3;  // adamw's update touches a third (amsgrad) slot: never stored
+  static constexpr int min_state_slots = 1;  // the update loops are built for 1..max_state_slots
   static constexpr bool nonnegative_slot(int k) { return k >= 1; }
 
   /// torch.optim.Muon's arguments and defaults, plus `ns_dtype`, `use_muon` and the AdamW
