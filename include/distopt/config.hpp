@@ -59,31 +59,96 @@
 /// declaration of such a function carries the macro: GCC takes the optimize attribute from
 /// the first one (a forward declaration without it let the AVX-512 clone contract, and
 /// cpu_paths_agree failed).
+///
+/// The same attribute makes the hot loops' speed independent of the user's -O level (GCC
+/// only: Clang vectorises at -O2 with its full cost model). GCC 12 at -O2 vectorises with
+/// the "very cheap" cost model, which leaves the update loops scalar (AdamW 2.6 ns/param
+/// against 0.46 at -O3, bench/flags/run.sh), and q8's block loops ran 1.35x their -O3 time
+/// with the dynamic cost model alone; these functions are compiled as at -O3 with the
+/// dynamic cost model and no errno from sqrt (a user without the CMake target's
+/// -fno-math-errno), whatever the command line says. None of it changes a bit: no
+/// reassociation, no contraction.
+/// Not at -O0, under the sanitizers, nor with -DDISTOPT_NO_HOT_LOOP_OPTIONS, where the user's
+/// level stands (for the debugger, and for builds that choose -O1 for its compile time: the
+/// tests and distopt-replay; an -O3 loop costs about twice an -O1 one to compile).
+#if defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(DISTOPT_NO_HOT_LOOP_OPTIONS)
+#define DISTOPT_HOT_LOOP_OPTIONS "O3", "fp-contract=off", "tree-loop-vectorize", "vect-cost-model=dynamic", "no-math-errno"
+#else
+#define DISTOPT_HOT_LOOP_OPTIONS "fp-contract=off"
+#endif
+/// The same options on a host loop that has a target of its own (q8's AVX-512 blocks); GCC only.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define DISTOPT_HOT_LOOP __attribute__((optimize(DISTOPT_HOT_LOOP_OPTIONS)))
+#else
+#define DISTOPT_HOT_LOOP
+#endif
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
     defined(__linux__) && !defined(__AVX512F__) && !defined(__SANITIZE_THREAD__) &&       \
     !defined(DISTOPT_NO_TARGET_CLONES)
 #if defined(__AVX2__)
-#define DISTOPT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "default"), optimize("fp-contract=off")))
+#define DISTOPT_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "default"), optimize(DISTOPT_HOT_LOOP_OPTIONS)))
 #else
 #define DISTOPT_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize("fp-contract=off")))
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), optimize(DISTOPT_HOT_LOOP_OPTIONS)))
 #endif
 #define DISTOPT_HAS_CPU_CLONES 1
 #elif defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
 // One version, still without contraction: a GCC build for AVX-512 (-march=native) has FMA.
-#define DISTOPT_CPU_CLONES __attribute__((optimize("fp-contract=off")))
+#define DISTOPT_CPU_CLONES __attribute__((optimize(DISTOPT_HOT_LOOP_OPTIONS)))
 #define DISTOPT_HAS_CPU_CLONES 0
 #else
 #define DISTOPT_CPU_CLONES
 #define DISTOPT_HAS_CPU_CLONES 0
 #endif
 
+/// Clang has no target_clones on function templates, so there the same three versions are
+/// made by hand: each DISTOPT_CPU_CLONES function's body is DISTOPT_CPU_DISPATCH(body call),
+/// which calls it from a lambda compiled for x86-64-v4, one for AVX2 and the baseline,
+/// chosen once per process by what the CPU has (cpu_dispatch below). The body is inlined
+/// into each (always_inline), so each version is the whole loop for its instruction set.
+/// Clang takes -ffp-contract from the command line only: distopt::distopt's usage
+/// requirements give -ffp-contract=off, a build without them must add it. Off as the
+/// clones are (device code, not x86-64 Linux, AVX-512 targeted already,
+/// -DDISTOPT_NO_TARGET_CLONES). DISTOPT_HAS_CPU_DISPATCH says which (1 or 0). Elsewhere
+/// DISTOPT_CPU_DISPATCH(call) is the call.
+#if defined(__clang__) && !defined(__CUDACC__) && !defined(__HIPCC__) && defined(__x86_64__) && \
+    defined(__linux__) && !defined(__AVX512F__) && !defined(DISTOPT_NO_TARGET_CLONES)
+#define DISTOPT_HAS_CPU_DISPATCH 1
+namespace distopt::detail {
+/// The widest of the three versions this CPU runs: 2 (x86-64-v4: AVX-512 F, BW, CD, DQ, VL), 1 (AVX2), 0.
+inline int host_cpu_level() noexcept {
+  static const int level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
+      return 2;
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+  }();
+  return level;
+}
+/// Runs f compiled for the widest instruction set host_cpu_level() allows.
+template <class F>
+inline __attribute__((always_inline)) void cpu_dispatch(const F& f) {
+  const int level = host_cpu_level();
+  if (level == 2) [&]() __attribute__((target("arch=x86-64-v4"), noinline)) { f(); }();
+  else if (level == 1) [&]() __attribute__((target("avx2"), noinline)) { f(); }();
+  else f();
+}
+}  // namespace distopt::detail
+#define DISTOPT_CPU_DISPATCH(...) ::distopt::detail::cpu_dispatch([&]() __attribute__((always_inline)) { __VA_ARGS__; })
+#else
+#define DISTOPT_HAS_CPU_DISPATCH 0
+#define DISTOPT_CPU_DISPATCH(...) __VA_ARGS__
+#endif
+
 /// Arrays of binary16 are converted by the F16C instructions (vcvtph2ps, vcvtps2ph with
 /// round-to-nearest-even: the portable conversions' bits) where the CPU has them, chosen at
-/// run time (GCC on x86-64); never with
+/// run time (GCC and Clang on x86-64); never with
 /// -DDISTOPT_NO_F16C. DISTOPT_HAS_F16C_PATH says whether this build has that path (1 or 0).
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__x86_64__) && \
-    !defined(DISTOPT_NO_F16C)
+#if defined(__GNUC__) && !defined(__CUDACC__) && defined(__x86_64__) && !defined(DISTOPT_NO_F16C)
 #define DISTOPT_HAS_F16C_PATH 1
 #else
 #define DISTOPT_HAS_F16C_PATH 0

@@ -67,7 +67,11 @@ std::uint64_t run(typename Policy::hyper_params h, bool master) {
 std::string cpu_path() {
   const std::string suffix =
       std::string(distopt::detail::f16c_path() ? ", F16C conversions" : ", portable conversions") +
-      (distopt::detail::q8_avx512::available() ? ", q8 AVX-512 VBMI decode and encode" : ", q8 portable decode and encode");
+      (distopt::detail::q8_avx512::available() ? ", q8 AVX-512 VBMI decode and encode" : ", q8 portable decode and encode")
+#ifdef STEP_BITS_BUILD
+      + ", built " STEP_BITS_BUILD  // another build of the same path, kept apart by cpu_paths_agree
+#endif
+      ;
 #if DISTOPT_HAS_CPU_CLONES
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "avx512 (the x86-64-v4 clone, chosen at load time)" + suffix;
@@ -75,12 +79,17 @@ std::string cpu_path() {
   if (!__builtin_cpu_supports("avx2")) return "baseline (the default clone: this CPU has no AVX2)" + suffix;
 #endif
   return "avx2 (the AVX2 clone, chosen at load time)" + suffix;
+#elif DISTOPT_HAS_CPU_DISPATCH
+  const int level = distopt::detail::host_cpu_level();
+  if (level == 2) return "avx512 (the x86-64-v4 version, chosen at run time)" + suffix;
+  if (level == 1) return "avx2 (the AVX2 version, chosen at run time)" + suffix;
+  return "baseline (the baseline version: this CPU has no AVX2)" + suffix;
 #elif defined(__AVX512F__)
   return "avx512 (the compiler targets AVX-512, so there are no clones)" + suffix;
 #elif defined(__AVX2__)
   return "avx2 (the compiler targets AVX2, no clones)" + suffix;
 #else
-  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, Clang, ThreadSanitizer, or not x86-64 Linux)" + suffix;
+  return "baseline (no clones: DISTOPT_NO_TARGET_CLONES, ThreadSanitizer with GCC, or not x86-64 Linux)" + suffix;
 #endif
 }
 

@@ -68,7 +68,14 @@ inline bool f16c_path() noexcept {
 #if DISTOPT_HAS_F16C_PATH
   static const bool has = [] {
     __builtin_cpu_init();
+#if defined(__clang__)
+    // Clang's __builtin_cpu_supports has no "f16c": CPUID leaf 1, ECX bit 29.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    return __builtin_cpu_supports("avx") && ((ecx >> 29) & 1u) != 0;
+#else
     return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#endif
   }();
   return has;
 #else

@@ -265,8 +265,8 @@ DISTOPT_HD DISTOPT_INLINE void layer_element(const typename Policy::scalars& s, 
 /// compile time.
 template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc,
           bool Absent = false, unsigned Kept = ~0u>
-DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
-                                    std::size_t n) {
+DISTOPT_HD DISTOPT_INLINE void layer_range_body(const typename Policy::scalars& sc,
+                                                const layer_args<Param, Grad, Enc>& a, std::size_t n) {
   constexpr phase_spec spec = Policy::phases[Phase];
   constexpr int TS = spec.tensor_sums;
   constexpr int RS = Factored ? spec.row_sums : 0;
@@ -333,6 +333,14 @@ DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& s
     for (int k = 0; k < RS; ++k) a.row_sums[k * a.row_count + (row - a.row_first)].add(combine_lanes(rl[k]));
     i += seg;
   }
+}
+
+/// layer_range_body, in a version for this CPU (DISTOPT_CPU_CLONES, DISTOPT_CPU_DISPATCH).
+template <class Policy, int Phase, bool Factored, param_mode Mode, class Param, class Grad, class Enc,
+          bool Absent = false, unsigned Kept = ~0u>
+DISTOPT_HD DISTOPT_CPU_CLONES void layer_range(const typename Policy::scalars& sc, const layer_args<Param, Grad, Enc>& a,
+                                               std::size_t n) {
+  DISTOPT_CPU_DISPATCH(layer_range_body<Policy, Phase, Factored, Mode, Param, Grad, Enc, Absent, Kept>(sc, a, n));
 }
 
 }  // namespace distopt::detail

@@ -22,10 +22,10 @@
 #include "update_loop.hpp"
 
 /// The AVX-512 block decoder and encoder below, chosen at run time where the CPU has AVX-512
-/// BW and VBMI (GCC on x86-64, host code only; never with -DDISTOPT_NO_Q8_AVX512).
+/// BW and VBMI (GCC and Clang on x86-64, host code only; never with -DDISTOPT_NO_Q8_AVX512).
 /// DISTOPT_HAS_Q8_AVX512_PATH says whether this build has it (1 or 0).
-#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(__HIPCC__) && \
-    defined(__x86_64__) && !defined(DISTOPT_NO_Q8_AVX512)
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && defined(__x86_64__) && \
+    !defined(DISTOPT_NO_Q8_AVX512)
 #define DISTOPT_HAS_Q8_AVX512_PATH 1
 #include <immintrin.h>
 #else
@@ -101,9 +101,11 @@ namespace q8_avx512 {
 // propagated into the tail loop draws a false -Waggressive-loop-optimizations. Not in
 // users' builds.
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
+#endif
 
 /// Byte p = 16 L + 4 q + j (lane L, quarter q, column j) of 64 bytes takes byte 16 q + 4 L + j.
 /// It is its own inverse. Bytes in this order come out of the 128-bit-lane unpacks of four
@@ -140,7 +142,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"), always_inline)) inline voi
 
 /// decode_block's bits: map[code] looked up in the value planes, 64 codes at a time, times
 /// absmax. A tail of fewer than 64 codes goes through the portable decode_block and `map`.
-__attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void decode_block(
+DISTOPT_HOT_LOOP __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void decode_block(
     const float* map, const q8_simd_tables& t, const std::uint8_t* code, float absmax, std::size_t m,
     float* out) noexcept {
   const __m512i order = _mm512_load_si512(lane_order);
@@ -161,7 +163,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void dec
 /// compare, the decade's line by vpermps, one fused multiply-add, a truncation, the mirror
 /// for negative y), then per 64 the threshold t[e] from the threshold planes and the code
 /// e + (y >= t[e]). A tail of fewer than 64 goes through the portable encode_block and `lut`.
-__attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void encode_block(
+DISTOPT_HOT_LOOP __attribute__((target("avx512f,avx512bw,avx512vbmi"), noinline)) inline void encode_block(
     const q8_simd_tables& t, const std::int32_t* lut, const float* x, float inv, std::size_t m,
     std::uint8_t* out) noexcept {
   const __m512i order = _mm512_load_si512(lane_order);
@@ -241,10 +243,10 @@ inline bool available() noexcept {
 }
 }  // namespace q8_avx512
 
-/// Updates the `n` elements `a` points to, with N quantized state slots.
+/// update_range_q8's loop, for each of its versions (DISTOPT_CPU_CLONES, DISTOPT_CPU_DISPATCH).
 template <class Policy, int N, param_mode Mode, class Param, class Grad>
-DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
-                                        std::size_t n) {
+DISTOPT_HD DISTOPT_INLINE void update_range_q8_body(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
+                                                    std::size_t n) {
   constexpr std::size_t B = q8::block;
   constexpr int S = N > 0 ? N : 1;
   const typename Policy::scalars s = sc;
@@ -284,6 +286,13 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalar
       requantize_block(fresh[k], m, a.lut[k], a.absmax[k][blk], a.code[k] + b0);
     }
   }
+}
+
+/// Updates the `n` elements `a` points to, with N quantized state slots.
+template <class Policy, int N, param_mode Mode, class Param, class Grad>
+DISTOPT_HD DISTOPT_CPU_CLONES void update_range_q8(const typename Policy::scalars& sc, const q8_args<Param, Grad>& a,
+                                                   std::size_t n) {
+  DISTOPT_CPU_DISPATCH(update_range_q8_body<Policy, N, Mode>(sc, a, n));
 }
 
 }  // namespace distopt::detail

@@ -141,10 +141,10 @@ void update_range_staged(const typename Policy::scalars& sc, const update_args<P
   }
 }
 
-/// Updates the `n` elements `a` points to, with N state slots.
+/// update_range's loop, for each of its versions (DISTOPT_CPU_CLONES, DISTOPT_CPU_DISPATCH).
 template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
-DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
-                                     std::size_t n) {
+DISTOPT_HD DISTOPT_INLINE void update_range_body(const typename Policy::scalars& sc,
+                                                 const update_args<Param, Grad, Enc>& a, std::size_t n) {
 #if DISTOPT_HAS_F16C_PATH
   if constexpr (stages_fp16<Param, Grad, Mode>) {
     if (f16c_path()) return update_range_staged<Policy, N, Mode>(sc, a, n);
@@ -162,6 +162,13 @@ DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& 
   const std::size_t base = a.random_base;
   const typename Policy::scalars s = sc;
   for (std::size_t i = 0; i < n; ++i) update_one<Policy, N, Mode>(s, p, g, m, s0, s1, s2, s3, i, scale, key, base);
+}
+
+/// Updates the `n` elements `a` points to, with N state slots.
+template <class Policy, int N, param_mode Mode, class Param, class Grad, class Enc>
+DISTOPT_HD DISTOPT_CPU_CLONES void update_range(const typename Policy::scalars& sc, const update_args<Param, Grad, Enc>& a,
+                                                std::size_t n) {
+  DISTOPT_CPU_DISPATCH(update_range_body<Policy, N, Mode>(sc, a, n));
 }
 
 /// Lanes of the fixed-order double sums (sum_of_squares, and the layer-wise segments'
@@ -206,8 +213,8 @@ DISTOPT_HD DISTOPT_INLINE double sum_of_squares(const Grad* DISTOPT_RESTRICT g, 
 /// cut into runs, as long as runs start on block boundaries. One call per run, not per
 /// block: a call through the clone dispatch costs as much as summing 100 elements.
 template <class Grad>
-DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
-                                                     std::size_t block) {
+DISTOPT_HD DISTOPT_INLINE void add_block_squares_body(exact_sum& acc, const Grad* g, double scale, std::size_t n,
+                                                      std::size_t block) {
 #if DISTOPT_HAS_F16C_PATH
   // binary16 blocks are converted to float first (the same values), as update_range_staged does.
   constexpr bool grad16 = std::is_same_v<Grad, fp16>;
@@ -227,6 +234,13 @@ DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad*
 #endif
     acc.add(sum_of_squares(g + b, scale, m));
   }
+}
+
+/// add_block_squares_body, in a version for this CPU (DISTOPT_CPU_CLONES, DISTOPT_CPU_DISPATCH).
+template <class Grad>
+DISTOPT_HD DISTOPT_CPU_CLONES void add_block_squares(exact_sum& acc, const Grad* g, double scale, std::size_t n,
+                                                     std::size_t block) {
+  DISTOPT_CPU_DISPATCH(add_block_squares_body(acc, g, scale, n, block));
 }
 
 }  // namespace distopt::detail
