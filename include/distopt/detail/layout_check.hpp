@@ -8,13 +8,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../config.hpp"
+#include "function_ref.hpp"
 #include "../layout/registry.hpp"
 #include "../types/dtype.hpp"
 
@@ -39,13 +39,13 @@ inline void hash_to_doubles(std::uint64_t h, double* out) {
 }
 
 /// A communicator's all_gather of doubles, as the layout check below uses it.
-using all_gather_doubles = std::function<void(std::span<const double>, std::span<double>)>;
+using all_gather_doubles = function_ref<void(std::span<const double>, std::span<double>)>;
 
 /// The layout check of `d` > 1 ranks, through `all_gather` over them: throws
 /// std::invalid_argument on every rank, with the same message, when the ranks registered
 /// different layouts (names, shapes, dtypes, groups, order, block). The optimizer passes
 /// its all_gather_host, which a communicator of device memory (nccl) can take.
-DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
+DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, all_gather_doubles all_gather, const layout& l,
                                             const char* who);
 
 #if DISTOPT_CORE_BODIES
@@ -58,7 +58,7 @@ DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t) {
   return describe_tensor_shape(t, t.shape) + " tp " + tp_split_name(t.tp);
 }
 
-DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, const all_gather_doubles& all_gather, const layout& l,
+DISTOPT_CORE_FN void check_layout_agreement(std::size_t d, all_gather_doubles all_gather, const layout& l,
                                             const char* who) {
   const auto tensors = l.tensors();
   std::vector<std::uint64_t> per(tensors.size());

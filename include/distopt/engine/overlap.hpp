@@ -12,8 +12,8 @@
 #include <concepts>
 #include <cstddef>
 #include <initializer_list>
+#include <iterator>
 #include <map>
-#include <ranges>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -34,9 +34,11 @@ class tensor_names {
   tensor_names(std::string_view name) : names_{name} {}
   tensor_names(const std::string& name) : names_{std::string_view(name)} {}
   tensor_names(std::initializer_list<std::string_view> names) : names_(names) {}
-  template <std::ranges::input_range R>
-    requires(std::convertible_to<std::ranges::range_reference_t<R>, std::string_view> &&
-             !std::convertible_to<const R&, std::string_view>)
+  template <class R>
+    requires(requires(const R& r) {
+      { *std::begin(r) } -> std::convertible_to<std::string_view>;
+      std::end(r);
+    } && !std::convertible_to<const R&, std::string_view>)
   tensor_names(const R& names) {
     for (auto&& n : names) names_.emplace_back(n);
   }

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstddef>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -19,10 +18,14 @@
 
 #include "../concepts.hpp"
 #include "../config.hpp"
+#include "../detail/function_ref.hpp"
 
 namespace distopt {
 
 namespace detail {
+
+/// A job of the thread pool: f(begin, end) over a run of items.
+using range_job = function_ref<void(std::size_t, std::size_t)>;
 
 /// A fixed set of worker threads that run one job at a time. A job is n items: the
 /// caller's thread and the workers claim runs of `grain` consecutive items from a shared
@@ -49,7 +52,7 @@ class thread_pool {
 
   /// Calls f(begin, end) over runs of at most `grain` items that cover [0, n) once, on the
   /// caller's thread and the workers; rethrows the first exception once all are done.
-  void run(std::size_t n, std::size_t grain, const std::function<void(std::size_t, std::size_t)>& f);
+  void run(std::size_t n, std::size_t grain, range_job f);
 
  private:
   void work();
@@ -65,7 +68,7 @@ class thread_pool {
   std::mutex mutex_;
   std::condition_variable start_, done_;
   // The open job: set under mutex_ before open_ is raised, read by the threads inside it.
-  const std::function<void(std::size_t, std::size_t)>* job_ = nullptr;
+  const range_job* job_ = nullptr;
   std::size_t items_ = 0, grain_ = 1;
   std::atomic<std::size_t> next_{0};      ///< the first item not yet claimed
   std::atomic<std::size_t> finished_{0};  ///< items done
@@ -104,8 +107,7 @@ DISTOPT_CORE_FN thread_pool::~thread_pool() {
   for (auto& w : workers_) w.join();
 }
 
-DISTOPT_CORE_FN void thread_pool::run(std::size_t n, std::size_t grain,
-                                      const std::function<void(std::size_t, std::size_t)>& f) {
+DISTOPT_CORE_FN void thread_pool::run(std::size_t n, std::size_t grain, range_job f) {
   if (n == 0) return;
   if (n_ == 1) return f(0, n);
   std::lock_guard one_job(run_mutex_);  // copies of an executor share the pool
@@ -214,9 +216,10 @@ class cpu {
       for (std::size_t i = 0; i < n; ++i) f(i);
       return;
     }
-    pool_->run(n, n / (4 * threads), [&](std::size_t begin, std::size_t end) {
+    const auto items = [&](std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) f(i);
-    });
+    };
+    pool_->run(n, n / (4 * threads), items);
   }
 
  private:
