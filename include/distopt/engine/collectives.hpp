@@ -18,7 +18,10 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../config.hpp"
+#include "../detail/layout_check.hpp"
 #include "../detail/shard_plan.hpp"
+#include "../layout/registry.hpp"
 #include "../exec/transfer.hpp"
 #include "comm_adapter.hpp"
 #include "overlap.hpp"
@@ -87,6 +90,40 @@ void tell_params(Ctx& c, std::size_t upto, bool wait) {
 /// The collective a hook starts on a bucket (check_hook_order compares them).
 enum class bucket_collective { reduce, gather };
 
+/// The body of agree_on_bucket (below) over `d` ranks, through `all_gather`: throws the
+/// same message on every rank when their collectives differ.
+DISTOPT_CORE_FN void agree_on_bucket(std::size_t d, all_gather_doubles all_gather, const layout& l, const shard_plan& plan,
+                                     std::size_t k, bucket_collective what, const char* who);
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN void agree_on_bucket(std::size_t d, all_gather_doubles all_gather, const layout& l, const shard_plan& plan,
+                                     std::size_t k, bucket_collective what, const char* who) {
+  static constexpr std::array<std::string_view, 4> callers{"grads_ready", "reduce_grads", "gather", "prefetch"};
+  const auto caller = std::find(callers.begin(), callers.end(), std::string_view(who)) - callers.begin();
+  const std::array<double, 3> mine{static_cast<double>(what), static_cast<double>(k), static_cast<double>(caller)};
+  std::vector<double> all(3 * d);
+  all_gather(std::span<const double>(mine), std::span<double>(all));
+  bool same = true;
+  for (std::size_t r = 1; r < d; ++r) same = same && all[3 * r] == all[0] && all[3 * r + 1] == all[1];
+  if (same) return;
+  std::string msg = "distopt::optimizer: the ranks called the hooks in different orders; at this collective";
+  for (std::size_t r = 0; r < d; ++r) {
+    const auto kind = static_cast<bucket_collective>(static_cast<int>(all[3 * r]));
+    const shard_bucket& b = plan.buckets()[static_cast<std::size_t>(all[3 * r + 1])];
+    const auto caller_r = static_cast<std::size_t>(all[3 * r + 2]);
+    msg += (r ? ", rank " : " rank ") + std::to_string(r) + " (" +
+           std::string(caller_r < callers.size() ? callers[caller_r] : std::string_view("?")) + ")" +
+           (kind == bucket_collective::reduce ? " reduces the grads of " : " gathers the params of ") + "'" +
+           l.tensors()[b.first_tensor].name + "'";
+    if (b.end_tensor - b.first_tensor > 1)
+      msg += " .. '" + l.tensors()[b.end_tensor - 1].name + "' (" + std::to_string(b.end_tensor - b.first_tensor) +
+             " tensors)";
+  }
+  throw std::logic_error(msg + " (every rank must call grads_ready, gather and prefetch for the same tensors in "
+                               "the same order)");
+}
+#endif  // DISTOPT_CORE_BODIES
+
 /// options.check_hook_order: the ranks compare the collective each is about to start on
 /// a bucket, and the call that starts it (`who`: grads_ready, reduce_grads (from step or
 /// clip_grad_norm too), gather or prefetch), and throw the same message on every rank
@@ -96,29 +133,10 @@ template <class Ctx>
 void agree_on_bucket(Ctx& c, std::size_t k, bucket_collective what, const char* who) {
   const std::size_t d = static_cast<std::size_t>(c.comm_.size());
   if (!c.options_.check_hook_order || d == 1) return;
-  static constexpr std::array<std::string_view, 4> callers{"grads_ready", "reduce_grads", "gather", "prefetch"};
-  const auto caller = std::ranges::find(callers, std::string_view(who)) - callers.begin();
-  const std::array<double, 3> mine{static_cast<double>(what), static_cast<double>(k), static_cast<double>(caller)};
-  std::vector<double> all(3 * d);
-  c.comms_.all_gather_host(c.exec_, c.comm_, std::span<const double>(mine), std::span<double>(all));
-  bool same = true;
-  for (std::size_t r = 1; r < d; ++r) same = same && all[3 * r] == all[0] && all[3 * r + 1] == all[1];
-  if (same) return;
-  std::string msg = "distopt::optimizer: the ranks called the hooks in different orders; at this collective";
-  for (std::size_t r = 0; r < d; ++r) {
-    const auto kind = static_cast<bucket_collective>(static_cast<int>(all[3 * r]));
-    const shard_bucket& b = c.plan_.buckets()[static_cast<std::size_t>(all[3 * r + 1])];
-    const auto caller_r = static_cast<std::size_t>(all[3 * r + 2]);
-    msg += (r ? ", rank " : " rank ") + std::to_string(r) + " (" +
-           std::string(caller_r < callers.size() ? callers[caller_r] : std::string_view("?")) + ")" +
-           (kind == bucket_collective::reduce ? " reduces the grads of " : " gathers the params of ") + "'" +
-           c.layout_.tensors()[b.first_tensor].name + "'";
-    if (b.end_tensor - b.first_tensor > 1)
-      msg += " .. '" + c.layout_.tensors()[b.end_tensor - 1].name + "' (" +
-             std::to_string(b.end_tensor - b.first_tensor) + " tensors)";
-  }
-  throw std::logic_error(msg + " (every rank must call grads_ready, gather and prefetch for the same tensors in "
-                               "the same order)");
+  agree_on_bucket(
+      d,
+      [&c](std::span<const double> in, std::span<double> out) { c.comms_.all_gather_host(c.exec_, c.comm_, in, out); },
+      c.layout_, c.plan_, k, what, who);
 }
 
 /// ZeRO-2: bucket `k`'s pooled full-grads buffer, lent (and zeroed) at its first use in a step.

@@ -24,6 +24,7 @@
 
 #include "../comm/request.hpp"
 #include "../concepts.hpp"
+#include "../config.hpp"
 #include "../detail/buffer.hpp"
 #include "../detail/exact_sum.hpp"
 #include "../detail/layout_check.hpp"
@@ -51,6 +52,17 @@ struct params_listener {
   explicit operator bool() const noexcept { return fn != nullptr; }
   void operator()(std::size_t bucket) const { fn(to, bucket); }
 };
+
+/// Throws the error of a policy whose state_slots() gave `n`, outside min..max.
+[[noreturn]] DISTOPT_CORE_FN void throw_slot_count(std::string_view policy, int n, int min, int max);
+
+#if DISTOPT_CORE_BODIES
+[[noreturn]] DISTOPT_CORE_FN void throw_slot_count(std::string_view policy, int n, int min, int max) {
+  throw std::logic_error(std::string(policy) + ": state_slots() gave " + std::to_string(n) +
+                         ", outside the policy's min_state_slots..max_state_slots (" + std::to_string(min) + ".." +
+                         std::to_string(max) + ")");
+}
+#endif  // DISTOPT_CORE_BODIES
 
 /// The step's shared state of an optimizer<Policy, Storage, Comm, Exec, Precision>.
 template <class Policy, class Storage, class Comm, class Exec, class Precision>
@@ -105,10 +117,7 @@ struct context {
     for (const auto& h : groups_) {
       const int n = Policy::state_slots(h);
       if (n < min_state_slots_of<Policy>::value || n > Policy::max_state_slots)
-        throw std::logic_error(std::string(Policy::name) + ": state_slots() gave " + std::to_string(n) +
-                               ", outside the policy's min_state_slots..max_state_slots (" +
-                               std::to_string(min_state_slots_of<Policy>::value) + ".." +
-                               std::to_string(Policy::max_state_slots) + ")");
+        throw_slot_count(Policy::name, n, min_state_slots_of<Policy>::value, Policy::max_state_slots);
       slots_ = std::max(slots_, n);
     }
 
@@ -118,7 +127,7 @@ struct context {
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
     std::vector<std::size_t> bucket_sizes;  // each bucket's elements, padded
     for (const auto& b : plan_.buckets()) bucket_sizes.push_back(b.padded());
-    const std::size_t largest = bucket_sizes.empty() ? 0 : std::ranges::max(bucket_sizes);
+    const std::size_t largest = bucket_sizes.empty() ? 0 : *std::max_element(bucket_sizes.begin(), bucket_sizes.end());
     params_ = buffer<param_type, Exec>(exec_, shards_params() ? plan_.local_size() : plan_.buffer_size());
     gathers_ = param_gathers(plan_.buckets().size(), layout_.tensors().size());
     if (shards_params()) {

@@ -19,6 +19,9 @@
 #include "../concepts.hpp"
 #include "../config.hpp"
 #include "../detail/exact_sum.hpp"
+#include "../detail/function_ref.hpp"
+#include "../detail/shard_plan.hpp"
+#include "../layout/registry.hpp"
 #include "../exec/transfer.hpp"
 #include "collectives.hpp"
 #include "mirror.hpp"
@@ -26,20 +29,51 @@
 
 namespace distopt::detail {
 
-/// Percentile clipping's history: records each tensor's squared norm `sq[i]` (scaled by
-/// coef^2) of step `step` into `history[i]` (all 100 on step 1) and sets `scale[i]` to
-/// min(1, the `percentile`-th smallest recorded norm / this step's norm).
-DISTOPT_CORE_FN void percentile_history(std::span<std::array<float, 100>> history, std::span<const double> sq,
-                                        double coef, std::int64_t step, int percentile, std::vector<float>& scale);
+/// An all-reduce (sum) of doubles in host memory over a group of ranks.
+using host_sum = function_ref<void(std::span<double>)>;
+
+/// Percentile clipping, from each piece's exact sum of squares (`piece_sums`, one per
+/// piece of `plan`, grads already divided by the loss scale): each tensor's exact squared
+/// norm, all-reduced over DP for the tensors cut across ranks (`straddlers`, through
+/// `dp_sum` when given) and over TP for split ones (through `tp_sum` when given); then
+/// each tensor's history `history[i]` records it (scaled by coef^2) as step `step`'s (all
+/// 100 on step 1), and `scale[i]` becomes min(1, the `percentile`-th smallest recorded
+/// norm / this step's norm), as bitsandbytes' percentile_clipping.
+DISTOPT_CORE_FN void percentile_history(const layout& tensors, const shard_plan& plan, std::span<const exact_sum> piece_sums,
+                                        std::span<const std::size_t> straddlers, const host_sum* dp_sum,
+                                        const host_sum* tp_sum, std::span<std::array<float, 100>> history, double coef,
+                                        std::int64_t step, int percentile, std::vector<float>& scale);
 
 #if DISTOPT_CORE_BODIES
-DISTOPT_CORE_FN void percentile_history(std::span<std::array<float, 100>> history, std::span<const double> sq,
-                                        double coef, std::int64_t step, int percentile, std::vector<float>& scale) {
+DISTOPT_CORE_FN void percentile_history(const layout& l, const shard_plan& plan, std::span<const exact_sum> piece_sums,
+                                        std::span<const std::size_t> straddlers, const host_sum* dp_sum,
+                                        const host_sum* tp_sum, std::span<std::array<float, 100>> history, double coef,
+                                        std::int64_t step, int percentile, std::vector<float>& scale) {
+  const auto tensors = l.tensors();
+  const auto& pieces = plan.pieces();
+  std::vector<exact_sum> sums(tensors.size());
+  for (std::size_t p = 0; p < pieces.size(); ++p) sums[pieces[p].tensor].add(piece_sums[p]);
+  const auto all_reduce = [&](const host_sum& sum, std::span<const std::size_t> which) {
+    if (which.empty()) return;
+    constexpr std::size_t W = exact_sum::wire_size;
+    std::vector<double> wire(which.size() * W);
+    for (std::size_t j = 0; j < which.size(); ++j) sums[which[j]].to_wire(std::span<double, W>(wire.data() + j * W, W));
+    sum(wire);
+    for (std::size_t j = 0; j < which.size(); ++j)
+      sums[which[j]] = exact_sum::from_wire(std::span<const double, W>(wire.data() + j * W, W));
+  };
+  if (dp_sum) all_reduce(*dp_sum, straddlers);
+  if (tp_sum) {
+    std::vector<std::size_t> split;
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i].tp != tp_split::none) split.push_back(i);
+    all_reduce(*tp_sum, split);
+  }
   scale.assign(history.size(), 1.0f);
   const std::size_t at = static_cast<std::size_t>(step % 100);
   for (std::size_t i = 0; i < history.size(); ++i) {
     auto& vec = history[i];
-    const float now = static_cast<float>(sq[i] * coef * coef);
+    const float now = static_cast<float>(sums[i].value() * coef * coef);
     if (step == 1) vec.fill(now);
     else vec[at] = now;
     std::array<float, 100> sorted = vec;
@@ -161,32 +195,15 @@ const double* norm_wire(Ctx& c) {
 template <class Ctx>
 void percentile_scales(Ctx& c, double coef, double loss_scale) {
   wait_pending(c);  // the reductions reduce_grads left in flight write the grads read here
-  const auto tensors = c.layout_.tensors();
-  const auto& pieces = c.plan_.pieces();
   const double inv = 1.0 / loss_scale;
   const std::vector<exact_sum> piece_sums = c.with_reduced_grads(  // one sum per piece
       [&](const auto* grads) { return run_squares(c, squares_of(c, grads, inv)); });
-  std::vector<exact_sum> sums(tensors.size());
-  for (std::size_t p = 0; p < pieces.size(); ++p) sums[pieces[p].tensor].add(piece_sums[p]);
-  const auto all_reduce = [&](auto& group, const std::vector<std::size_t>& which) {
-    if (which.empty()) return;
-    constexpr std::size_t W = exact_sum::wire_size;
-    std::vector<double> wire(which.size() * W);
-    for (std::size_t j = 0; j < which.size(); ++j) sums[which[j]].to_wire(std::span<double, W>(wire.data() + j * W, W));
-    c.comms_.all_reduce_host(c.exec_, group, wire, reduce_op::sum);
-    for (std::size_t j = 0; j < which.size(); ++j)
-      sums[which[j]] = exact_sum::from_wire(std::span<const double, W>(wire.data() + j * W, W));
-  };
-  if (Ctx::is_sharded && c.comm_.size() > 1) all_reduce(c.comm_, c.straddlers_);
-  if (c.tp_) {
-    std::vector<std::size_t> split;
-    for (std::size_t i = 0; i < tensors.size(); ++i)
-      if (tensors[i].tp != tp_split::none) split.push_back(i);
-    all_reduce(*c.tp_, split);
-  }
-  std::vector<double> sq(tensors.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) sq[i] = sums[i].value();
-  percentile_history(c.gnorm_vec_, sq, coef, c.step_, c.options_.percentile_clipping, c.clip_scale_);
+  const auto dp = [&](std::span<double> wire) { c.comms_.all_reduce_host(c.exec_, c.comm_, wire, reduce_op::sum); };
+  const auto tp = [&](std::span<double> wire) { c.comms_.all_reduce_host(c.exec_, *c.tp_, wire, reduce_op::sum); };
+  const host_sum dp_sum(dp), tp_sum(tp);
+  percentile_history(c.layout_, c.plan_, piece_sums, c.straddlers_, Ctx::is_sharded && c.comm_.size() > 1 ? &dp_sum : nullptr,
+                     c.tp_ ? &tp_sum : nullptr, c.gnorm_vec_, coef, c.step_, c.options_.percentile_clipping,
+                     c.clip_scale_);
 }
 
 }  // namespace distopt::detail

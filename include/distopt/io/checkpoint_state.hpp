@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -27,10 +28,67 @@
 #include "../engine/stages.hpp"
 #include "../exec/transfer.hpp"
 #include "../layout/registry.hpp"
+#include "../options.hpp"
 #include "../policy/hyper_text.hpp"
 #include "../storage/q8_encoding.hpp"
 #include "../types/dtype.hpp"
 #include "checkpoint_files.hpp"
+
+namespace distopt::detail {
+
+/// What checkpoint_scalars_of writes, gathered from an optimizer of any type.
+struct scalar_facts {
+  std::string_view policy, encoding, param_dtype, grad_dtype;
+  bool master_weights = false, quantized = false, master_ready = false;
+  int slots = 0;
+  const layout* tensors = nullptr;
+  const optimizer_options* options = nullptr;
+  std::vector<std::vector<std::int64_t>> whole_shapes;  // per tensor, over the TP group
+  std::int64_t step = 0, step_calls = 0;
+  std::string started;              // per group, '1' where its state has started
+  std::vector<std::string> groups;  // per group, its hyper-parameters' text
+  std::optional<std::pair<double, std::int64_t>> scaler;  // loss scale, growth tracker
+};
+
+/// The checkpoint's scalars: what must match on load (identity), what is restored (state).
+inline checkpoint_scalars checkpoint_scalars_of(const scalar_facts& f) {
+  checkpoint_scalars s;
+  const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
+  const optimizer_options& o = *f.options;
+  const auto tensors = f.tensors->tensors();
+  id("policy", std::string(f.policy));
+  id("encoding", std::string(f.encoding));
+  id("param_dtype", std::string(f.param_dtype));
+  id("grad_dtype", std::string(f.grad_dtype));
+  id("master_weights", f.master_weights ? "true" : "false");
+  id("block_size", std::to_string(f.tensors->block_size()));
+  id("groups", std::to_string(f.groups.size()));
+  id("state_slots", std::to_string(f.slots));
+  if (f.quantized) id("min_8bit_size", std::to_string(o.min_8bit_size));
+  id("percentile_clipping", std::to_string(o.percentile_clipping));
+  id("loss_scaling", f.scaler ? "dynamic" : "off");
+  id("tensors", std::to_string(tensors.size()));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const tensor_slot& t = tensors[i];
+    id("tensor " + t.name, describe_tensor(t));
+    // Without the TP split: a tensor split otherwise on load is resharded, not refused.
+    s.whole.emplace_back("tensor " + t.name, describe_tensor_shape(t, f.whole_shapes[i]));
+  }
+  const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
+  st("step", std::to_string(f.step));
+  st("step_calls", std::to_string(f.step_calls));  // skipped ones included: a resume starts after the last call
+  st("seed", std::to_string(o.seed));
+  st("master_ready", f.master_ready ? "true" : "false");
+  st("state_started", f.started);
+  if (f.scaler) {
+    st("loss_scale", format_number(f.scaler->first));
+    st("growth_tracker", std::to_string(f.scaler->second));
+  }
+  for (std::size_t g = 0; g < f.groups.size(); ++g) st("group " + std::to_string(g), f.groups[g]);
+  return s;
+}
+
+}  // namespace distopt::detail
 
 namespace distopt::io {
 
@@ -48,51 +106,84 @@ struct checkpoint_access {
     return t == dtype::f32 ? "F32" : t == dtype::bf16 ? "BF16" : "F16";
   }
 
+  /// What the placement of an optimizer's items depends on, apart from its type: its
+  /// layout and shard plan, whether this rank writes the slices it holds (sharded, or rank
+  /// 0 of replicated state), and its TP group's size and rank.
+  struct item_place {
+    const layout* tensors;
+    const distopt::detail::shard_plan* plan;
+    bool writes_slices;
+    int tp_size, tp_rank;
+  };
+  template <class Opt>
+  static item_place place_of(const Opt& o) {
+    const bool tp = o.tp_ && o.tp_->size() > 1;
+    return {&o.layout_, &o.plan_, Opt::is_sharded || o.comm_.rank() == 0, tp ? o.tp_->size() : 1, tp ? o.tp_->rank() : 0};
+  }
+
   /// Whether this rank writes the items of tensor `i`: sliced (`whole` false) or whole.
+  static bool writes_tensor(const item_place& at, std::size_t i, bool whole) {
+    const distopt::detail::piece_range r = at.plan->pieces_of(i);
+    if (r.empty() || !at.writes_slices) return false;
+    return !whole || at.plan->pieces()[r.first].layout == at.tensors->tensors()[i].offset;
+  }
   template <class Opt>
   static bool writes_tensor(const Opt& o, std::size_t i, bool whole) {
-    const distopt::detail::piece_range r = o.plan_.pieces_of(i);
-    if (r.empty() || (!Opt::is_sharded && o.comm_.rank() != 0)) return false;
-    return !whole || o.plan_.pieces()[r.first].layout == o.layout_.tensors()[i].offset;
+    return writes_tensor(place_of(o), i, whole);
   }
 
   /// The TP box of a part of extents `box`, split along `axis` over the TP group (-1: every
   /// TP part holds the whole).
-  template <class Opt>
-  static distopt::detail::tp_box tp_box_of(const Opt& o, std::vector<std::int64_t> box, int axis) {
+  static distopt::detail::tp_box tp_box_of(const item_place& at, std::vector<std::int64_t> box, int axis) {
     distopt::detail::tp_box b;
     b.whole = box;
     b.offset.assign(box.size(), 0);
-    if (axis >= 0 && o.tp_ && o.tp_->size() > 1) {
+    if (axis >= 0 && at.tp_size > 1) {
       const auto a = static_cast<std::size_t>(axis);
-      b.whole[a] *= o.tp_->size();
-      b.offset[a] = o.tp_->rank() * box[a];
+      b.whole[a] *= at.tp_size;
+      b.offset[a] = at.tp_rank * box[a];
     }
     b.box = std::move(box);
     return b;
   }
+  template <class Opt>
+  static distopt::detail::tp_box tp_box_of(const Opt& o, std::vector<std::int64_t> box, int axis) {
+    return tp_box_of(place_of(o), std::move(box), axis);
+  }
 
   /// The axis of tensor `i`'s elements that TP splits: 0 for rows, the last for columns.
-  template <class Opt>
-  static int element_axis(const Opt& o, std::size_t i) {
-    const tensor_slot& t = o.layout_.tensors()[i];
+  static int element_axis(const layout& l, std::size_t i) {
+    const tensor_slot& t = l.tensors()[i];
     if (t.tp == tp_split::none) return -1;  // (layout::add refuses empty shapes)
     return t.tp == tp_split::rows ? 0 : static_cast<int>(t.shape.size()) - 1;
   }
+  template <class Opt>
+  static int element_axis(const Opt& o, std::size_t i) {
+    return element_axis(o.layout_, i);
+  }
 
   /// Appends the item for this rank's slice [first, first + count) of tensor `i`'s vector
-  /// `suffix`, whose element k lives at `base[k - first]`: one per element of the tensor's
-  /// TP part, or (`whole`) a vector every holder of the tensor keeps whole.
-  template <class Opt, class T>
-  static void add_slice_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i, std::string suffix, std::string st_dtype,
-                      T* base, std::uint64_t total, std::uint64_t first, std::uint64_t count,
-                      std::vector<std::int64_t> shape, bool whole = false) {
-    const tensor_slot& t = o.layout_.tensors()[i];
-    out.push_back(slice_item(t.name + "/" + suffix, std::move(st_dtype), sizeof(T), reinterpret_cast<std::byte*>(base),
-                             total, first, count, std::move(shape), writes_tensor(o, i, whole)));
+  /// `suffix`, whose element k lives at `base[k - first]` (elements of `element_size`
+  /// bytes): one per element of the tensor's TP part, or (`whole`) a vector every holder
+  /// of the tensor keeps whole.
+  static void add_slice_item(const item_place& at, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i,
+                             std::string_view suffix, std::string st_dtype, std::size_t element_size, std::byte* base,
+                             std::uint64_t total, std::uint64_t first, std::uint64_t count,
+                             std::vector<std::int64_t> shape, bool whole) {
+    const tensor_slot& t = at.tensors->tensors()[i];
+    out.push_back(slice_item(t.name + "/" + std::string(suffix), std::move(st_dtype), element_size, base, total, first,
+                             count, std::move(shape), writes_tensor(at, i, whole)));
     out.back().tensor = t.name;
-    if (whole) out.back().tp = tp_box_of(o, {static_cast<std::int64_t>(total)}, -1);
-    else out.back().tp = tp_box_of(o, t.shape, element_axis(o, i));
+    if (whole) out.back().tp = tp_box_of(at, {static_cast<std::int64_t>(total)}, -1);
+    else out.back().tp = tp_box_of(at, t.shape, element_axis(*at.tensors, i));
+  }
+  template <class Opt, class T>
+  static void add_slice_item(const Opt& o, std::vector<distopt::detail::checkpoint_item>& out, std::size_t i,
+                             std::string_view suffix, std::string st_dtype, T* base, std::uint64_t total,
+                             std::uint64_t first, std::uint64_t count, std::vector<std::int64_t> shape,
+                             bool whole = false) {
+    add_slice_item(place_of(o), out, i, suffix, std::move(st_dtype), sizeof(T), reinterpret_cast<std::byte*>(base), total,
+                   first, count, std::move(shape), whole);
   }
 
   /// add_slice_item for a slice of the optimizer's buffers. In device memory it is saved
@@ -341,43 +432,53 @@ struct checkpoint_access {
   template <class Opt>
   static distopt::detail::checkpoint_scalars checkpoint_scalars(const Opt& o) {
     distopt::detail::sync_decisions(o);  // a device executor's step counter and loss scaler
-    distopt::detail::checkpoint_scalars s;
-    const auto id = [&](std::string k, std::string v) { s.identity.emplace_back(std::move(k), std::move(v)); };
-    id("policy", std::string(Opt::policy_type::name));
-    if constexpr (Opt::is_quantized) id("encoding", "q8");
-    else id("encoding", std::string(dtype_name(dtype_of<typename Opt::state_type>)));
-    id("param_dtype", std::string(dtype_name(dtype_of<typename Opt::param_type>)));
-    id("grad_dtype", std::string(dtype_name(dtype_of<typename Opt::grad_type>)));
-    id("master_weights", o.uses_master() ? "true" : "false");
-    id("block_size", std::to_string(o.layout_.block_size()));
-    id("groups", std::to_string(o.groups_.size()));
-    id("state_slots", std::to_string(o.slots_));
-    if constexpr (Opt::is_quantized) id("min_8bit_size", std::to_string(o.options_.min_8bit_size));
-    id("percentile_clipping", std::to_string(o.options_.percentile_clipping));
-    id("loss_scaling", o.scaler_ ? "dynamic" : "off");
-    id("tensors", std::to_string(o.layout_.tensors().size()));
-    for (std::size_t i = 0; i < o.layout_.tensors().size(); ++i) {
-      const tensor_slot& t = o.layout_.tensors()[i];
-      id("tensor " + t.name, distopt::detail::describe_tensor(t));
-      // Without the TP split: a tensor split otherwise on load is resharded, not refused.
-      s.whole.emplace_back("tensor " + t.name,
-                           distopt::detail::describe_tensor_shape(t, tp_box_of(o, t.shape, element_axis(o, i)).whole));
+    distopt::detail::scalar_facts f;
+    f.policy = Opt::policy_type::name;
+    if constexpr (Opt::is_quantized) f.encoding = "q8";
+    else f.encoding = dtype_name(dtype_of<typename Opt::state_type>);
+    f.param_dtype = dtype_name(dtype_of<typename Opt::param_type>);
+    f.grad_dtype = dtype_name(dtype_of<typename Opt::grad_type>);
+    f.master_weights = o.uses_master();
+    f.quantized = Opt::is_quantized;
+    f.slots = o.slots_;
+    f.tensors = &o.layout_;
+    f.options = &o.options_;
+    for (std::size_t i = 0; i < o.layout_.tensors().size(); ++i)
+      f.whole_shapes.push_back(tp_box_of(o, o.layout_.tensors()[i].shape, element_axis(o, i)).whole);
+    f.step = o.step_;
+    f.step_calls = o.step_calls_;
+    f.master_ready = o.master_ready_;
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) {
+      f.started += g < o.state_started_.size() && o.state_started_[g] ? '1' : '0';
+      f.groups.push_back(hyper_params_string<typename Opt::policy_type>(o.groups_[g]));
     }
-    const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
-    st("step", std::to_string(o.step_));
-    st("step_calls", std::to_string(o.step_calls_));  // skipped ones included: a resume starts after the last call
-    st("seed", std::to_string(o.options_.seed));
-    st("master_ready", o.master_ready_ ? "true" : "false");
+    if (o.scaler_) f.scaler = std::pair(o.scaler_->scale(), o.scaler_->growth_tracker());
+    return distopt::detail::checkpoint_scalars_of(f);
+  }
+
+  /// The state scalars of a checkpoint, parsed (restore_checkpoint installs them).
+  struct state_scalars {
+    std::int64_t step = 0, step_calls = 0, growth_tracker = 0;
+    std::uint64_t seed = 0;
+    bool master_ready = false;
     std::string started;
-    for (std::size_t g = 0; g < o.groups_.size(); ++g) started += g < o.state_started_.size() && o.state_started_[g] ? '1' : '0';
-    st("state_started", started);
-    if (o.scaler_) {
-      st("loss_scale", distopt::detail::format_number(o.scaler_->scale()));
-      st("growth_tracker", std::to_string(o.scaler_->growth_tracker()));
+    double loss_scale = 1.0;
+  };
+  static state_scalars parse_state(const std::map<std::string, std::string, std::less<>>& st, bool scaler) {
+    state_scalars r;
+    const auto number = [&st](const char* k, auto& out) { distopt::detail::parse_value(st.at(k), out); };
+    number("step", r.step);
+    const auto calls = st.find("step_calls");  // absent before it was recorded: no skipped step counted
+    if (calls != st.end()) distopt::detail::parse_value(calls->second, r.step_calls);
+    else r.step_calls = r.step;
+    number("seed", r.seed);
+    r.master_ready = st.at("master_ready") == "true";
+    r.started = st.at("state_started");
+    if (scaler) {
+      distopt::detail::parse_double(st.at("loss_scale"), r.loss_scale);
+      number("growth_tracker", r.growth_tracker);
     }
-    for (std::size_t g = 0; g < o.groups_.size(); ++g)
-      st("group " + std::to_string(g), hyper_params_string<typename Opt::policy_type>(o.groups_[g]));
-    return s;
+    return r;
   }
 
   /// Restores the state scalars (already checked to parse: checkpoint_access validates
@@ -386,23 +487,14 @@ struct checkpoint_access {
   static void restore_checkpoint(Opt& o, Stages& stages, const std::map<std::string, std::string, std::less<>>& st) {
     distopt::detail::sync_decisions(o);  // what the device decided is replaced below, and pushed before the next step
     o.decisions_changed_ = true;
-    const auto number = [&st](const char* k, auto& out) { distopt::detail::parse_value(st.at(k), out); };
-    number("step", o.step_);
-    const auto calls = st.find("step_calls");  // absent before it was recorded: no skipped step counted
-    if (calls != st.end()) distopt::detail::parse_value(calls->second, o.step_calls_);
-    else o.step_calls_ = o.step_;
-    number("seed", o.options_.seed);
-    o.master_ready_ = st.at("master_ready") == "true";
-    const std::string& started = st.at("state_started");
+    const state_scalars r = parse_state(st, o.scaler_.has_value());
+    o.step_ = r.step;
+    o.step_calls_ = r.step_calls;
+    o.options_.seed = r.seed;
+    o.master_ready_ = r.master_ready;
     o.state_started_.assign(o.groups_.size(), false);
-    for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = started[g] == '1';
-    if (o.scaler_) {
-      double scale = 1.0;
-      std::int64_t tracker = 0;
-      distopt::detail::parse_double(st.at("loss_scale"), scale);
-      number("growth_tracker", tracker);
-      o.scaler_->restore(scale, tracker);
-    }
+    for (std::size_t g = 0; g < o.groups_.size(); ++g) o.state_started_[g] = r.started[g] == '1';
+    if (o.scaler_) o.scaler_->restore(r.loss_scale, r.growth_tracker);
     for (std::size_t g = 0; g < o.groups_.size(); ++g) o.groups_[g] = parse_checkpoint_group<Opt>(st.at("group " + std::to_string(g)));
     o.groups_changed_ = true;  // the step's copies of the groups and their slot counts follow
     stage_restore(o, stages);
