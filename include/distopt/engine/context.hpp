@@ -64,9 +64,67 @@ struct params_listener {
 }
 #endif  // DISTOPT_CORE_BODIES
 
+/// What a context holds that depends on none of its template arguments: the layout and
+/// options, the shard plan, the hooks' bookkeeping, the host's copies of the decisions.
+/// Its code (constructor, plan, destructor) is compiled once, not once per optimizer type.
+struct context_host {
+  struct clip_state {
+    double norm, coef;
+  };
+
+  context_host(layout tensors, optimizer_options options) : layout_(std::move(tensors)), options_(std::move(options)) {}
+
+  /// The shard plan over `parts` ranks (this one `rank`), and what follows from it alone:
+  /// the hooks' bookkeeping, ZeRO-3's gathers, the state table, percentile clipping's
+  /// tensors cut across ranks.
+  DISTOPT_CORE_FN void make_plan(int parts, int rank, std::size_t chunk_elems, const std::vector<char>& owned);
+
+  layout layout_;
+  optimizer_options options_;
+  int tp_rank_ = 0;
+  int slots_ = 0;
+  shard_plan plan_;
+  grad_hooks hooks_;       // the overlap hooks' state this step
+  param_gathers gathers_;  // ZeRO-3: which tensors are gathered
+  state_layout states_at_;
+  std::vector<std::array<float, 100>> gnorm_vec_;  // percentile clipping: per tensor
+  std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
+  std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
+  std::optional<clip_state> clip_;
+  // The host's copy of the decisions (engine/mirror.hpp): what control_ and started_dev_
+  // held when last read, and what the host sets before the next step pushes it there.
+  mutable step_control control_host_;
+  mutable bool master_ready_ = false;
+  mutable std::int64_t step_ = 0;
+  mutable std::vector<bool> state_started_;  // per group: has its state been used yet
+  std::int64_t step_calls_ = 0;              // step() calls, skipped ones included
+  mutable step_result last_result_;          // the last step's
+  mutable bool mirror_stale_ = false;  // the device decided steps the host's copies have not read
+  bool decisions_changed_ = true;      // the host's copies changed: push_decisions before the next step
+  bool groups_changed_ = true;         // the hyper-parameters changed: idem
+  std::vector<unsigned char> step_skip_host_;  // the norm's skipped pieces (TP ranks other than 0)
+  bool reduced_ = false;                       // grads reduced since the last step
+  params_listener params_done_;  // offload, while its step runs: told of each bucket updated
+  std::size_t params_told_ = 0;  // buckets params_done_ was told of in this step
+};
+
+#if DISTOPT_CORE_BODIES
+DISTOPT_CORE_FN void context_host::make_plan(int parts, int rank, std::size_t chunk_elems, const std::vector<char>& owned) {
+  plan_ = shard_plan(layout_, parts, rank, options_.bucket_elems, chunk_elems, owned);
+  gathers_ = param_gathers(plan_.buckets().size(), layout_.tensors().size());
+  hooks_ = grad_hooks(plan_, layout_.tensors().size());
+  states_at_ = state_layout(plan_.pieces().size(), layout_.tensors().size());
+  if (options_.percentile_clipping < 100) {
+    gnorm_vec_.assign(layout_.tensors().size(), {});
+    for (std::size_t i = 0; i < layout_.tensors().size(); ++i)
+      if (plan_.straddles(i)) straddlers_.push_back(i);
+  }
+}
+#endif  // DISTOPT_CORE_BODIES
+
 /// The step's shared state of an optimizer<Policy, Storage, Comm, Exec, Precision>.
 template <class Policy, class Storage, class Comm, class Exec, class Precision>
-struct context {
+struct context : context_host {
   using policy_type = Policy;
   using hyper_params = typename Policy::hyper_params;
   using param_type = typename Precision::param_type;
@@ -92,17 +150,12 @@ struct context {
   /// An element state's number type (q8: the fp32 states of small tensors).
   using element_state = std::conditional_t<is_quantized, float, state_type>;
 
-  struct clip_state {
-    double norm, coef;
-  };
-
   /// Checks the arguments and makes the plan and the buffers of params, grads and master
   /// weights (the stages make the states'). Collective with more than one rank: the ranks
   /// compare their layouts.
   context(layout tensors, std::vector<hyper_params> groups, optimizer_options options, Exec exec, Comm comm)
-      : layout_(std::move(tensors)),
+      : context_host(std::move(tensors), std::move(options)),
         groups_(std::move(groups)),
-        options_(std::move(options)),
         exec_(std::move(exec)),
         comm_(std::move(comm)) {
     for (const auto& h : groups_) h.validate();  // none when there are no groups: checked next
@@ -122,14 +175,12 @@ struct context {
     }
 
     const int d = comm_.size();
-    plan_ = shard_plan(layout_, is_sharded ? d : 1, is_sharded ? comm_.rank() : 0, options_.bucket_elems, chunk_elems,
-                       owned_tensors());
+    make_plan(is_sharded ? d : 1, is_sharded ? comm_.rank() : 0, chunk_elems, owned_tensors());
     in_exec(plan_.pieces(), pieces_dev_);  // the piece table the phases read (device executors)
     std::vector<std::size_t> bucket_sizes;  // each bucket's elements, padded
     for (const auto& b : plan_.buckets()) bucket_sizes.push_back(b.padded());
     const std::size_t largest = bucket_sizes.empty() ? 0 : *std::max_element(bucket_sizes.begin(), bucket_sizes.end());
     params_ = buffer<param_type, Exec>(exec_, shards_params() ? plan_.local_size() : plan_.buffer_size());
-    gathers_ = param_gathers(plan_.buckets().size(), layout_.tensors().size());
     if (shards_params()) {
       param_pool_ = bucket_pool<param_type, Exec>(bucket_sizes);
       param_pending_.resize(plan_.buckets().size());
@@ -138,18 +189,11 @@ struct context {
     if (!shards_grads()) grads_ = buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     else if (!reduces_in_fp32()) grads_ = buffer<grad_type, Exec>(exec_, plan_.local_size());
     if (shards_grads()) grad_pool_ = bucket_pool<grad_type, Exec>(bucket_sizes);
-    hooks_ = grad_hooks(plan_, layout_.tensors().size());
     if (reduces_in_fp32()) {
       grads32_ = buffer<float, Exec>(exec_, plan_.local_size());
       staging_ = buffer<float, Exec>(exec_, largest);
     }
     if (uses_master()) master_ = buffer<float, Exec>(exec_, plan_.local_size());
-    states_at_ = state_layout(plan_.pieces().size(), layout_.tensors().size());
-    if (options_.percentile_clipping < 100) {
-      gnorm_vec_.assign(layout_.tensors().size(), {});
-      for (std::size_t i = 0; i < layout_.tensors().size(); ++i)
-        if (plan_.straddles(i)) straddlers_.push_back(i);
-    }
   }
 
   bool uses_master() const noexcept { return !std::is_same_v<param_type, float> && options_.master_weights; }
@@ -265,27 +309,20 @@ struct context {
     detail::fill_zero(exec_, p, n, chunk_elems);
   }
 
-  layout layout_;
   std::vector<hyper_params> groups_;
-  optimizer_options options_;
   mutable Exec exec_;  // a handle: const reads of device memory copy through it
   // The communicators before every buffer: a stream one owns (nccl) outlives the buffers
   // freed on it.
   Comm comm_;
   std::optional<Comm> model_parallel_;
   std::optional<Comm> tp_;  // the tensor-parallel group (set_tensor_parallel_group)
-  int tp_rank_ = 0;
   comm_adapter<Comm, Exec> comms_;  // how collectives reach host and executor memory
   mutable std::optional<loss_scaler> scaler_;  // on a device executor, a copy of the device's (sync_decisions)
-  int slots_ = 0;
-  shard_plan plan_;
   buffer<param_type, Exec> params_;
   buffer<grad_type, Exec> grads_;
   buffer<float, Exec> grads32_;  // reduced fp32 grads of this rank's shard (grad_reduce_in_fp32)
   bucket_pool<grad_type, Exec> grad_pool_;  // ZeRO-2: the buckets' full grads during backward
-  grad_hooks hooks_;                        // the overlap hooks' state this step
   bucket_pool<param_type, Exec> param_pool_;  // ZeRO-3: the buckets' full params while gathered
-  param_gathers gathers_;                     // ZeRO-3: which tensors are gathered
   buffer<float, Exec> staging_;  // one bucket of grads converted to fp32 for the reduction
   buffer<float, Exec> master_;
   // The states (engine/state_layout.hpp says which piece's slot lies where, the stages lay
@@ -294,7 +331,6 @@ struct context {
   std::array<buffer<stored_state, Exec>, 4> states_;
   std::array<buffer<float, Exec>, 4> absmax_, small_;
   buffer<element_state, Exec> momentum_;
-  state_layout states_at_;
   // The piece table (device executors; a host's read plan_'s) and the per-step inputs the
   // phases read, in the executor's memory.
   buffer<shard_piece, Exec> pieces_dev_;
@@ -303,29 +339,12 @@ struct context {
   buffer<float, Exec> step_clip_scale_;
   buffer<unsigned char, Exec> step_skip_;
   buffer<exact_sum, Exec> step_sums_;
-  std::vector<std::array<float, 100>> gnorm_vec_;  // percentile clipping: per tensor
-  std::vector<std::size_t> straddlers_;             // percentile clipping: tensors cut across DP ranks
-  std::vector<float> clip_scale_;                   // percentile clipping: this step's per tensor
-  std::optional<clip_state> clip_;
-  // The host's copy of the decisions (engine/mirror.hpp): what control_ and started_dev_
-  // held when last read, and what the host sets before the next step pushes it there.
-  mutable step_control control_host_;
-  mutable bool master_ready_ = false;
-  mutable std::int64_t step_ = 0;
-  mutable std::vector<bool> state_started_;  // per group: has its state been used yet
-  std::int64_t step_calls_ = 0;              // step() calls, skipped ones included
-  mutable step_result last_result_;          // the last step's
   // The step's decisions (engine/decisions.hpp): its control, each group's hyper-parameters,
   // slot count, started flag and scalars, the norm's wire image, in the executor's memory.
   buffer<step_control, Exec> control_;
   buffer<hyper_params, Exec> groups_dev_;
   buffer<unsigned char, Exec> started_dev_;
   buffer<double, Exec> norm_wire_;
-  mutable bool mirror_stale_ = false;  // the device decided steps the host's copies have not read
-  bool decisions_changed_ = true;      // the host's copies changed: push_decisions before the next step
-  bool groups_changed_ = true;         // the hyper-parameters changed: idem
-  std::vector<unsigned char> step_skip_host_;  // the norm's skipped pieces (TP ranks other than 0)
-  bool reduced_ = false;                       // grads reduced since the last step
   // Per bucket: what its collective in flight holds open (the emulated device's memory)
   // until it is waited for. Declared before pending_, so that it is destroyed after the
   // requests, which wait for their collectives.
@@ -333,8 +352,6 @@ struct context {
   std::vector<comm_request> pending_;  // per bucket: its collective in flight (async communicators)
   std::vector<collective_hold<Exec>> param_scope_;  // ZeRO-3, per bucket: what its prefetch holds open
   std::vector<comm_request> param_pending_;         // ZeRO-3, per bucket: its prefetch in flight
-  params_listener params_done_;  // offload, while its step runs: told of each bucket updated
-  std::size_t params_told_ = 0;  // buckets params_done_ was told of in this step
 };
 
 }  // namespace distopt::detail

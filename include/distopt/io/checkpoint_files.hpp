@@ -45,15 +45,27 @@ namespace distopt::io::detail {
 struct checkpoint_party {
   int rank = 0, size = 1;        ///< in the data-parallel group
   int tp_rank = 0, tp_size = 1;  ///< in the tensor-parallel group (0 of 1 without one)
+  /// The optimizer's context and stages, which the functions below are given back: plain
+  /// function pointers, one small function per optimizer type (std::function made a
+  /// manager and an invoker of each).
+  void* opt = nullptr;
+  void* stages = nullptr;
+  void (*all_max_fn)(const checkpoint_party&, std::span<double>) = nullptr;
+  void (*all_gather_fn)(const checkpoint_party&, std::span<const double>, std::span<double>) = nullptr;
+  distopt::detail::checkpoint_scalars (*scalars_fn)(const checkpoint_party&) = nullptr;
+  std::vector<distopt::detail::checkpoint_item> (*items_fn)(const checkpoint_party&) = nullptr;
+  void (*restore_fn)(const checkpoint_party&, const std::map<std::string, std::string, std::less<>>&) = nullptr;
+  void (*check_group_fn)(const checkpoint_party&, int, const std::string&) = nullptr;
+
   /// In place: the largest value of every rank, over the DP group and then the TP group.
-  std::function<void(std::span<double>)> all_max;
+  void all_max(std::span<double> v) const { all_max_fn(*this, v); }
   /// Every rank's `mine` into `grid`, TP part by TP part, DP rank by DP rank.
-  std::function<void(std::span<const double> mine, std::span<double> grid)> all_gather;
-  std::function<distopt::detail::checkpoint_scalars()> scalars;
-  std::function<std::vector<distopt::detail::checkpoint_item>()> items;
-  std::function<void(const std::map<std::string, std::string, std::less<>>&)> restore;
+  void all_gather(std::span<const double> mine, std::span<double> grid) const { all_gather_fn(*this, mine, grid); }
+  distopt::detail::checkpoint_scalars scalars() const { return scalars_fn(*this); }
+  std::vector<distopt::detail::checkpoint_item> items() const { return items_fn(*this); }
+  void restore(const std::map<std::string, std::string, std::less<>>& state) const { restore_fn(*this, state); }
   /// Throws if `text` is not a hyper-parameter group this optimizer can restore as group `g`.
-  std::function<void(int g, const std::string& text)> check_group;
+  void check_group(int g, const std::string& text) const { check_group_fn(*this, g, text); }
 };
 
 /// The largest `value` of any rank.

@@ -523,35 +523,39 @@ struct checkpoint_access {
   /// and load_checkpoint (below) ask of it, apart from its type.
   template <class Opt, class Stages>
   static detail::checkpoint_party party(Opt& o, Stages& stages) {
-    detail::checkpoint_party p;
-    auto* tp = o.tp_ ? &*o.tp_ : nullptr;
+    using party_t = detail::checkpoint_party;
+    party_t p;
     p.rank = o.comm_.rank();
     p.size = o.comm_.size();
-    p.tp_rank = tp ? tp->rank() : 0;
-    p.tp_size = tp ? tp->size() : 1;
-    p.all_max = [&o, tp](std::span<double> v) {
+    p.tp_rank = o.tp_ ? o.tp_->rank() : 0;
+    p.tp_size = o.tp_ ? o.tp_->size() : 1;
+    p.opt = &o;
+    p.stages = &stages;
+    p.all_max_fn = [](const party_t& p, std::span<double> v) {
+      Opt& o = *static_cast<Opt*>(p.opt);
       o.comms_.all_reduce_host(o.exec_, o.comm_, v, reduce_op::max);
-      if (tp) o.comms_.all_reduce_host(o.exec_, *tp, v, reduce_op::max);
+      if (o.tp_) o.comms_.all_reduce_host(o.exec_, *o.tp_, v, reduce_op::max);
     };
-    p.all_gather = [&o, tp](std::span<const double> mine, std::span<double> grid) {
-      if (!tp) {
+    p.all_gather_fn = [](const party_t& p, std::span<const double> mine, std::span<double> grid) {
+      Opt& o = *static_cast<Opt*>(p.opt);
+      if (!o.tp_) {
         o.comms_.all_gather_host(o.exec_, o.comm_, mine, grid);
         return;
       }
-      std::vector<double> all(grid.size() / static_cast<std::size_t>(tp->size()));
+      std::vector<double> all(grid.size() / static_cast<std::size_t>(o.tp_->size()));
       o.comms_.all_gather_host(o.exec_, o.comm_, mine, std::span<double>(all));
-      o.comms_.all_gather_host(o.exec_, *tp, std::span<const double>(all), grid);
+      o.comms_.all_gather_host(o.exec_, *o.tp_, std::span<const double>(all), grid);
     };
-    p.scalars = [&o] { return checkpoint_scalars(o); };
-    p.items = [&o, &stages] {  // once the collectives in flight are done
-      distopt::detail::wait_pending(o);
-      return checkpoint_items(o, stages);
+    p.scalars_fn = [](const party_t& p) { return checkpoint_scalars(*static_cast<Opt*>(p.opt)); };
+    p.items_fn = [](const party_t& p) {  // once the collectives in flight are done
+      distopt::detail::wait_pending(*static_cast<Opt*>(p.opt));
+      return checkpoint_items(*static_cast<Opt*>(p.opt), *static_cast<Stages*>(p.stages));
     };
-    p.restore = [&o, &stages](const std::map<std::string, std::string, std::less<>>& state) {
-      restore_checkpoint(o, stages, state);
+    p.restore_fn = [](const party_t& p, const std::map<std::string, std::string, std::less<>>& state) {
+      restore_checkpoint(*static_cast<Opt*>(p.opt), *static_cast<Stages*>(p.stages), state);
     };
-    p.check_group = [&o, &stages](int g, const std::string& text) {
-      stage_check_group(o, stages, g, parse_checkpoint_group<Opt>(text));
+    p.check_group_fn = [](const party_t& p, int g, const std::string& text) {
+      stage_check_group(*static_cast<Opt*>(p.opt), *static_cast<Stages*>(p.stages), g, parse_checkpoint_group<Opt>(text));
     };
     return p;
   }
