@@ -2,7 +2,6 @@
 // Copyright 2026 the distopt authors
 #pragma once
 #include <cstddef>
-#include <optional>
 #include <span>
 #include <utility>
 
@@ -15,7 +14,7 @@ class buffer {
  public:
   buffer() = default;
   buffer(Exec& exec, std::size_t n)
-      : exec_(exec), data_(static_cast<T*>(exec_->allocate_bytes(n * sizeof(T)))), size_(n) {}
+      : exec_(exec), data_(static_cast<T*>(exec_.allocate_bytes(n * sizeof(T)))), size_(n) {}
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
   buffer(buffer&& o) noexcept { swap(o); }
@@ -25,7 +24,7 @@ class buffer {
     return *this;
   }
   ~buffer() {
-    if (data_) exec_->deallocate_bytes(data_, size_ * sizeof(T));
+    if (data_) exec_.deallocate_bytes(data_, size_ * sizeof(T));
   }
 
   T* data() const noexcept { return data_; }
@@ -39,9 +38,7 @@ class buffer {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
   }
-  // Engaged once memory was allocated through it: an empty buffer (default-constructed, or
-  // moved from) makes no executor (cpu's would make a thread pool).
-  std::optional<Exec> exec_;
+  Exec exec_{};
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };

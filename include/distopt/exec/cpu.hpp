@@ -190,11 +190,14 @@ class cpu {
   using executor_concept = executor_tag;
   using memory_space = host_space;
 
+  /// One thread, the caller's: no pool (so that a default-constructed executor, as an
+  /// empty buffer keeps one, costs nothing).
+  cpu() noexcept = default;
   /// `threads` worker threads (including the caller's); 0 means one per hardware thread.
-  explicit cpu(int threads = 1);
+  explicit cpu(int threads);
 
   /// The number of threads items are spread over.
-  int concurrency() const noexcept { return pool_->size(); }
+  int concurrency() const noexcept { return pool_ ? pool_->size() : 1; }
 
   /// 64-byte aligned, zero-filled host memory.
   void* allocate_bytes(std::size_t bytes) {
@@ -210,7 +213,7 @@ class cpu {
   /// not run in time leaves its share to the others).
   template <class F>
   void parallel_for(std::size_t n, F&& f) {
-    const auto threads = static_cast<std::size_t>(pool_->size());
+    const auto threads = static_cast<std::size_t>(concurrency());
     if (n == 0) return;
     if (threads == 1 || n == 1) {
       for (std::size_t i = 0; i < n; ++i) f(i);
@@ -223,7 +226,7 @@ class cpu {
   }
 
  private:
-  std::shared_ptr<detail::thread_pool> pool_;
+  std::shared_ptr<detail::thread_pool> pool_;  // none with one thread
 };
 
 #if DISTOPT_CORE_BODIES
@@ -232,7 +235,7 @@ DISTOPT_CORE_FN cpu::cpu(int threads) {
     throw std::invalid_argument("distopt::cpu: threads must be >= 0 (0 = one per core), got " +
                                 std::to_string(threads));
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  pool_ = std::make_shared<detail::thread_pool>(threads);
+  if (threads > 1) pool_ = std::make_shared<detail::thread_pool>(threads);  // one thread needs none
 }
 #endif  // DISTOPT_CORE_BODIES
 
