@@ -110,6 +110,10 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
             offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
       : host_optimizer(std::move(tensors), std::move(groups), options, exec.host(), std::move(comm)),
         exec_(std::move(exec)) {
+    if (options.micro_batches > 1)
+      throw std::invalid_argument("distopt::optimizer over distopt::offload: gradient accumulation "
+                                  "(micro_batches > 1) is not built for ZeRO-Offload yet; accumulate on the device "
+                                  "before the step");
     const auto& ts = host().tensors().tensors();
     lent_grads_.assign(ts.size(), nullptr);
     lent_params_.assign(ts.size(), nullptr);

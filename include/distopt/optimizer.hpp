@@ -153,8 +153,24 @@ class optimizer {
   /// before `grads_ready(name)`). ZeRO-2 (sharded<E, 2>): the grads are zero at the first
   /// view of a step (of any tensor of the bucket), and with d > 1 the view is into the
   /// bucket's pooled buffer, valid until the bucket's reduction starts: take the view
-  /// again each step.
+  /// again each step. Gradient accumulation (options.micro_batches > 1), at every stage:
+  /// the grads are zero at the first view of a step (accumulation::reduce_last: each
+  /// micro-batch's backward adds into them) or of a micro-batch (reduce_each); take the
+  /// view again each micro-batch.
   view<grad_type> grad(std::string_view name) { return detail::grad_view(ctx_, ctx_.index_of(name)); }
+
+  /// Gradient accumulation (options.micro_batches = n > 1): the backward of one
+  /// micro-batch has finished adding its grads. Call it after each of the n backward
+  /// passes of a step, then step() (or reduce_grads, clip_grad_norm). With the overlap
+  /// hooks, every tensor must be declared ready in every micro-batch; reduce_each reduces
+  /// each micro-batch (a bucket's reduction starts at its hooks, or here for the buckets
+  /// no hook started) and adds this rank's shard into its fp32 accumulator, reduce_last
+  /// reduces the sums once, from the hooks of the last micro-batch or in the step.
+  /// Collective with reduce_each (it may start reductions). Calling it more than n times
+  /// in a step, or after the grads were reduced, throws.
+  void end_micro_batch() { detail::end_micro_batch(ctx_); }
+  /// Micro-batches ended in this step (0 after each step).
+  int micro_batch() const noexcept { return ctx_.micro_batch_; }
 
   /// Overlap hook: backward has finished writing the grads of `names` (a tensor or a
   /// layer's tensors) for this step. Once every tensor of a bucket is ready, the bucket's
@@ -162,7 +178,8 @@ class optimizer {
   /// goes on; `step()` then waits only for what is still in flight. Once a hook is called
   /// in a step, every tensor must be declared ready before the step reduces. Collective in
   /// the order of buckets: every rank must complete the buckets in the same order. Naming
-  /// a tensor twice in one step, or after the step's grads were reduced, throws, naming it.
+  /// a tensor twice in one step (in one micro-batch, with gradient accumulation: see
+  /// end_micro_batch), or after the step's grads were reduced, throws, naming it.
   void grads_ready(const tensor_names& names) {
     for (std::string_view name : names) detail::mark_ready(ctx_, ctx_.index_of(name));
     detail::reap_reductions(ctx_);
@@ -295,11 +312,16 @@ class optimizer {
                              "read and write them through gather(names), param(name) and release");
     return {ctx_.params_.data(), ctx_.params_.size()};
   }
-  /// The whole grads buffer; not with ZeRO-2 (d > 1), where the grads live per bucket.
+  /// The whole grads buffer; not with ZeRO-2 (d > 1), where the grads live per bucket,
+  /// nor with gradient accumulation, whose views are zeroed per bucket at their first use.
   view<grad_type> grads() {
     if (zero_stage >= 2)
       throw std::logic_error("distopt::optimizer::grads(): with ZeRO-2 the full grads exist per bucket only; "
                              "write them through grad(name)");
+    if (ctx_.options_.micro_batches > 1)
+      throw std::logic_error("distopt::optimizer::grads(): with gradient accumulation (micro_batches > 1) each "
+                             "bucket's grads are zeroed at their first view of a step or micro-batch; write them "
+                             "through grad(name)");
     return {ctx_.grads_.data(), ctx_.grads_.size()};
   }
 
@@ -457,6 +479,11 @@ class optimizer {
   /// `dir`: a std::filesystem::path or anything that converts to one.
   template <class Dir>
   void save(const Dir& dir, checkpoint_replace replace = checkpoint_replace::same_optimizer) {
+    if (ctx_.micro_batch_ != 0)
+      throw std::logic_error("distopt::optimizer::save: " + std::to_string(ctx_.micro_batch_) + " of " +
+                             std::to_string(ctx_.options_.micro_batches) +
+                             " micro-batches of this step have been accumulated, and a checkpoint holds no grads; "
+                             "save between steps");
     io::checkpoint_files<context_type, stages_type>::save(ctx_, stages_, dir, replace);
   }
   /// Loads the checkpoint in `dir`, written with any number of data-parallel ranks and the

@@ -36,6 +36,20 @@ struct precision {
 /// replaces the last; or anything, another optimizer's checkpoint included.
 enum class checkpoint_replace { same_optimizer, anything };
 
+/// How a step's micro-batches are combined (optimizer_options::micro_batches > 1):
+/// - reduce_last (Megatron's no_sync, PyTorch DDP's no_sync): each rank's micro-batch grads
+///   add up in the full grad views, and the ranks' sums are reduced once, after the last
+///   micro-batch. At ZeRO-2 and 3 a bucket's full grads then live from the step's first
+///   micro-batch to its reduction, as at ZeRO-1: the memory of full grads, the bytes of
+///   one reduction per step.
+/// - reduce_each (DeepSpeed's ZeRO-2): each micro-batch's grads are reduced as soon as
+///   they are ready, and this rank's reduced shard is added into an fp32 accumulator of
+///   its shard, so that a bucket's full grads live only during one backward. One
+///   reduction per micro-batch, and an fp32 shard (4 B per local element) besides.
+/// The two add in different orders (micro-batches then ranks, ranks then micro-batches):
+/// with more than one rank their sums may differ in the last bits.
+enum class accumulation { reduce_last, reduce_each };
+
 /// Run-time options of an optimizer that are not hyper-parameters of the math.
 struct optimizer_options {
   /// Keep an fp32 master copy of bf16/fp16 params (ignored for fp32 params). Without one,
@@ -94,6 +108,14 @@ struct optimizer_options {
   /// bf16; at stages 2 and 3 the pools' peaks, as memory() reports them). Off, the copies go
   /// through the driver's staging buffer.
   bool pin_host_buffers = true;
+  /// Gradient accumulation: micro-batches per step (1 = none). After each micro-batch's
+  /// backward (grads added into grad(name), zero at a bucket's first view of the step, or
+  /// with reduce_each of the micro-batch; grads_ready per tensor as usual) call
+  /// end_micro_batch(); step() follows the n-th. The grads are summed, not averaged, over
+  /// micro-batches: scale the loss by 1/n for their mean, as PyTorch users do.
+  int micro_batches = 1;
+  /// How the micro-batches are combined (see `accumulation`).
+  accumulation accumulate = accumulation::reduce_last;
   // New options go last: code that initialises this struct positionally keeps compiling.
 };
 
@@ -134,6 +156,11 @@ DISTOPT_CORE_FN void check_arguments(std::string_view policy, const layout& l, d
     throw std::invalid_argument("distopt::optimizer: max_grad_norm must be a finite value >= 0 (0 = off), got " +
                                 std::to_string(o.max_grad_norm));
   if (o.bucket_elems == 0) throw std::invalid_argument("distopt::optimizer: bucket_elems must be > 0");
+  if (o.micro_batches < 1)
+    throw std::invalid_argument("distopt::optimizer: micro_batches must be >= 1 (1 = no gradient accumulation), got " +
+                                std::to_string(o.micro_batches));
+  if (o.accumulate != accumulation::reduce_last && o.accumulate != accumulation::reduce_each)
+    throw std::invalid_argument("distopt::optimizer: accumulate must be accumulation::reduce_last or reduce_each");
   if (chunk_elems % l.block_size() != 0)
     throw std::invalid_argument("distopt::optimizer: the layout's block size " + std::to_string(l.block_size()) +
                                 " is larger than " + std::to_string(chunk_elems) + " elements");

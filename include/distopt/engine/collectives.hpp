@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../concepts.hpp"
@@ -29,6 +31,34 @@
 
 namespace distopt::detail {
 
+/// Gradient accumulation (reduce_each): micro-batch `m`'s reduced grads of bucket `k`, this
+/// rank's shard where the reduction left it, added into the fp32 accumulator grads32_
+/// (copied there for the step's first micro-batch).
+template <class Ctx>
+void accumulate_bucket(Ctx& c, std::size_t k, int m) {
+  const shard_bucket& b = c.plan_.buckets()[k];
+  const std::size_t r = c.plan_.rank();
+  const auto add = [&](const auto* src) {
+    accumulate_phase<std::remove_cv_t<std::remove_pointer_t<decltype(src)>>> a;
+    a.n = b.shard_size(r);
+    a.chunk = Ctx::chunk_elems;
+    a.src = src;
+    a.acc = c.grads32_.data() + b.local_begin;
+    a.first = m == 0;
+    launch(c.exec_, a.items(), a);
+  };
+  if (c.reduces_in_fp32()) add(static_cast<const float*>(c.staging_.data() + b.shard_begin(r)));
+  else if (c.shards_grads()) add(static_cast<const typename Ctx::grad_type*>(c.grads_.data() + b.local_begin));
+  else add(static_cast<const typename Ctx::grad_type*>(c.grads_.data() + b.buffer_begin + b.shard_begin(r)));
+}
+
+/// Adds bucket `k`'s micro-batch into the accumulator if its reduction was left in flight.
+template <class Ctx>
+void accumulate_reduced(Ctx& c, std::size_t k) {
+  if (k >= c.to_accumulate_.size() || c.to_accumulate_[k] == 0) return;
+  accumulate_bucket(c, k, std::exchange(c.to_accumulate_[k], 0) - 1);
+}
+
 /// Whether bucket `k` has a collective in flight.
 template <class Ctx>
 bool pending(const Ctx& c, std::size_t k) noexcept {
@@ -41,6 +71,7 @@ void wait_bucket(Ctx& c, std::size_t k) {
   if (k >= c.pending_.size()) return;
   c.pending_[k].wait();
   c.in_flight_[k].reset();
+  accumulate_reduced(c, k);
   if (c.shards_grads()) c.grad_pool_.finish(k);  // a reduction's source, if it was one
 }
 
@@ -57,6 +88,8 @@ void wait_pending(Ctx& c) {
     }
   }
   for (auto& s : c.in_flight_) s.reset();
+  if (first) std::fill(c.to_accumulate_.begin(), c.to_accumulate_.end(), 0);  // failed reductions: nothing to add
+  for (std::size_t k = 0; k < c.to_accumulate_.size(); ++k) accumulate_reduced(c, k);
   if (c.shards_grads())
     for (std::size_t k = 0; k < c.pending_.size(); ++k) c.grad_pool_.finish(k);
   if (first) std::rethrow_exception(first);
@@ -98,7 +131,8 @@ DISTOPT_CORE_FN void agree_on_bucket(std::size_t d, all_gather_doubles all_gathe
 #if DISTOPT_CORE_BODIES
 DISTOPT_CORE_FN void agree_on_bucket(std::size_t d, all_gather_doubles all_gather, const layout& l, const shard_plan& plan,
                                      std::size_t k, bucket_collective what, const char* who) {
-  static constexpr std::array<std::string_view, 4> callers{"grads_ready", "reduce_grads", "gather", "prefetch"};
+  static constexpr std::array<std::string_view, 5> callers{"grads_ready", "reduce_grads", "gather", "prefetch",
+                                                           "end_micro_batch"};
   const auto caller = std::find(callers.begin(), callers.end(), std::string_view(who)) - callers.begin();
   const std::array<double, 3> mine{static_cast<double>(what), static_cast<double>(k), static_cast<double>(caller)};
   std::vector<double> all(3 * d);
@@ -180,11 +214,19 @@ void reduce_bucket(Ctx& c, std::span<T> bucket, std::span<T> mine, reduce_op op,
 /// the bucket's place in grads_, or its pooled buffer (ZeRO-2), and the reduced shard
 /// written in place, into grads32_ (through the fp32 staging bucket, blocking), or into
 /// the local grads_ (ZeRO-2). The pooled buffer goes back once the reduction is done.
+/// Accumulating with reduce_each, the reduced shard (in place in the staging bucket, in
+/// the fp32 case) is added into grads32_ once the reduction is done.
 template <class Ctx>
 void start_reduce(Ctx& c, std::size_t k, const char* who) {
   using grad_type = typename Ctx::grad_type;
+  const bool acc = c.accumulates_each();
+  if (acc && pending(c, k)) wait_bucket(c, k);  // the last micro-batch's, added first
   agree_on_bucket(c, k, bucket_collective::reduce, who);
-  if (c.comm_.size() == 1) return;
+  const int m = std::min(c.micro_batch_, c.options_.micro_batches - 1);
+  if (c.comm_.size() == 1) {
+    if (acc) accumulate_bucket(c, k, m);
+    return;
+  }
   const reduce_op op = c.options_.grad_reduce;
   const shard_bucket& b = c.plan_.buckets()[k];
   const std::size_t n = b.padded(), r = c.plan_.rank();
@@ -198,12 +240,17 @@ void start_reduce(Ctx& c, std::size_t k, const char* who) {
     widen.src = g;
     widen.dst = st;
     launch(c.exec_, widen.items(), widen);
-    reduce_bucket(c, std::span<float>(st, n), std::span<float>(c.grads32_.data() + b.local_begin, b.shard_size(r)), op,
-                  k, false);
+    float* mine = acc ? st + b.shard_begin(r) : c.grads32_.data() + b.local_begin;
+    reduce_bucket(c, std::span<float>(st, n), std::span<float>(mine, b.shard_size(r)), op, k, false);
+    if (acc) accumulate_bucket(c, k, m);
     if (c.shards_grads()) c.grad_pool_.release(k);
   } else {
     grad_type* mine = c.shards_grads() ? c.grads_.data() + b.local_begin : g + b.shard_begin(r);
     reduce_bucket(c, std::span<grad_type>(g, n), std::span<grad_type>(mine, b.shard_size(r)), op, k, true);
+    if (acc) {
+      if (pending(c, k)) c.to_accumulate_[k] = m + 1;  // added when waited for
+      else accumulate_bucket(c, k, m);
+    }
     if (!c.shards_grads()) return;
     if (pending(c, k)) c.grad_pool_.reducing(k);  // goes back when waited for
     else c.grad_pool_.release(k);                 // a blocking reduction: done
@@ -214,7 +261,41 @@ void start_reduce(Ctx& c, std::size_t k, const char* who) {
 template <class Ctx>
 void next_step_grads(Ctx& c) {
   c.reduced_ = false;
+  c.micro_batch_ = 0;
   c.hooks_.reset(c.plan_);
+}
+
+/// Gradient accumulation: the current micro-batch's backward is done
+/// (optimizer::end_micro_batch). reduce_each starts the reductions no hook started; the
+/// hooks start afresh for the next micro-batch (reduce_last keeps the grads' views lent:
+/// they add up). After the step's last micro-batch the hooks keep their record, and the
+/// step reduces what is left.
+template <class Ctx>
+void end_micro_batch(Ctx& c) {
+  const int n = c.options_.micro_batches;
+  if (c.reduced_)
+    throw std::logic_error("distopt::optimizer::end_micro_batch: this step's grads were already reduced "
+                           "(reduce_grads, clip_grad_norm); end each micro-batch before them");
+  if (c.micro_batch_ >= n)
+    throw std::logic_error("distopt::optimizer::end_micro_batch: called " + std::to_string(c.micro_batch_ + 1) +
+                           " times in one step, with options.micro_batches = " + std::to_string(n) +
+                           "; call step() after the last micro-batch");
+  if (c.hooks_.in_use())
+    if (const std::ptrdiff_t i = c.hooks_.first_missing(); i >= 0)
+      throw std::logic_error("distopt::optimizer::end_micro_batch: grads_ready was called in micro-batch " +
+                             std::to_string(c.micro_batch_ + 1) + " of " + std::to_string(n) + ", but not for '" +
+                             c.layout_.tensors()[static_cast<std::size_t>(i)].name +
+                             "'; with the overlap hooks every tensor's grads must be declared ready in every "
+                             "micro-batch");
+  if (c.micro_batch_ == n - 1) {
+    ++c.micro_batch_;
+    return;
+  }
+  if (c.accumulates_each())
+    for (std::size_t k = 0; k < c.plan_.buckets().size(); ++k)
+      if (!c.hooks_.started(k)) start_reduce(c, k, "end_micro_batch");
+  ++c.micro_batch_;
+  c.hooks_.next_micro_batch(c.plan_, !c.accumulates_each());
 }
 
 /// Combines the ranks' grads: every bucket whose reduction no hook started starts now
@@ -222,6 +303,10 @@ void next_step_grads(Ctx& c) {
 template <class Ctx>
 void reduce_grads(Ctx& c) {
   if (c.reduced_) return;
+  if (const int n = c.options_.micro_batches; n > 1 && c.micro_batch_ != n)
+    throw std::logic_error("distopt::optimizer: options.micro_batches is " + std::to_string(n) +
+                           " and end_micro_batch was called " + std::to_string(c.micro_batch_) +
+                           " time(s) in this step; call it after each micro-batch's backward, then reduce or step");
   if (c.hooks_.in_use()) {
     if (const std::ptrdiff_t i = c.hooks_.first_missing(); i >= 0)
       throw std::logic_error("distopt::optimizer: grads_ready was called in this step, but not for '" +

@@ -104,6 +104,10 @@ struct context_host {
   bool groups_changed_ = true;         // the hyper-parameters changed: idem
   std::vector<unsigned char> step_skip_host_;  // the norm's skipped pieces (TP ranks other than 0)
   bool reduced_ = false;                       // grads reduced since the last step
+  int micro_batch_ = 0;  // gradient accumulation: end_micro_batch calls in this step
+  // accumulation::reduce_each, per bucket: 1 + the micro-batch whose reduction is in flight
+  // and not yet added into the accumulator (0: none).
+  std::vector<int> to_accumulate_;
   params_listener params_done_;  // offload, while its step runs: told of each bucket updated
   std::size_t params_told_ = 0;  // buckets params_done_ was told of in this step
 };
@@ -189,9 +193,14 @@ struct context : context_host {
     if (!shards_grads()) grads_ = buffer<grad_type, Exec>(exec_, plan_.buffer_size());
     else if (!reduces_in_fp32()) grads_ = buffer<grad_type, Exec>(exec_, plan_.local_size());
     if (shards_grads()) grad_pool_ = bucket_pool<grad_type, Exec>(bucket_sizes);
-    if (reduces_in_fp32()) {
-      grads32_ = buffer<float, Exec>(exec_, plan_.local_size());
-      staging_ = buffer<float, Exec>(exec_, largest);
+    if (grads_in_fp32()) grads32_ = buffer<float, Exec>(exec_, plan_.local_size());
+    if (reduces_in_fp32()) staging_ = buffer<float, Exec>(exec_, largest);
+    if (accumulates_each()) {
+      to_accumulate_.assign(plan_.buckets().size(), 0);
+      if (projects || orthogonalizes)
+        throw std::invalid_argument(std::string(Policy::name) +
+                                    ": accumulation::reduce_each is not built for GaLore and Muon (their matrix "
+                                    "stages read the full grads); accumulate with accumulation::reduce_last");
     }
     if (uses_master()) master_ = buffer<float, Exec>(exec_, plan_.local_size());
   }
@@ -200,6 +209,20 @@ struct context : context_host {
   bool reduces_in_fp32() const noexcept {
     return !std::is_same_v<grad_type, float> && options_.grad_reduce_in_fp32 && comm_.size() > 1;
   }
+  /// Gradient accumulation over micro-batches, reduced after each (accumulation::reduce_each):
+  /// the step reads the fp32 accumulator grads32_.
+  bool accumulates_each() const noexcept {
+    return options_.micro_batches > 1 && options_.accumulate == accumulation::reduce_each;
+  }
+  /// Whether a bucket's reduction starts in the current micro-batch: always without
+  /// accumulation or with reduce_each, with reduce_last only in the step's last one.
+  bool reduces_now() const noexcept {
+    return options_.micro_batches == 1 || options_.accumulate == accumulation::reduce_each ||
+           micro_batch_ >= options_.micro_batches - 1;
+  }
+  /// True when the step reads its reduced grads from grads32_ (fp32, local index): reduced
+  /// in fp32, or accumulated there.
+  bool grads_in_fp32() const noexcept { return reduces_in_fp32() || accumulates_each(); }
   /// True when the grads live sharded (ZeRO-2 with more than one rank): the full grads of
   /// a bucket exist only in its pooled buffer, and grads_ holds this rank's shard.
   bool shards_grads() const noexcept { return zero_stage >= 2 && comm_.size() > 1; }
@@ -215,14 +238,13 @@ struct context : context_host {
   /// (that shard, ZeRO-2's grads) or by buffer index.
   template <class G>
   bool grads_local() const noexcept {
-    return shards_grads() || (std::is_same_v<G, float> && reduces_in_fp32());
+    return shards_grads() || (std::is_same_v<G, float> && grads_in_fp32());
   }
   /// Calls f(reduced grads) with the pointer type the step reads: the fp32 shard when the
-  /// grads were reduced in fp32, else the grads themselves.
+  /// grads were reduced or accumulated in fp32, else the grads themselves.
   template <class F>
   decltype(auto) with_reduced_grads(F&& f) {
-    if constexpr (!std::is_same_v<grad_type, float>)
-      if (reduces_in_fp32()) return f(static_cast<const float*>(grads32_.data()));
+    if (grads_in_fp32()) return f(static_cast<const float*>(grads32_.data()));
     return f(static_cast<const grad_type*>(grads_.data()));
   }
 

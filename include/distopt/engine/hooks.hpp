@@ -35,7 +35,9 @@ typename Ctx::template view<typename Ctx::param_type> param_view(Ctx& c, std::si
 }
 
 /// The grads of tensor `i` (ZeRO-2: zeroed at the first view of a step; with d > 1 in its
-/// bucket's pooled buffer, until the bucket's reduction starts).
+/// bucket's pooled buffer, until the bucket's reduction starts). Gradient accumulation:
+/// zeroed at the first view of a step (reduce_last) or of a micro-batch (reduce_each, after
+/// the last micro-batch's reduction of the bucket was added up), at every stage.
 template <class Ctx>
 typename Ctx::template view<typename Ctx::grad_type> grad_view(Ctx& c, std::size_t i) {
   const std::string& name = c.layout_.tensors()[i].name;
@@ -46,15 +48,16 @@ typename Ctx::template view<typename Ctx::grad_type> grad_view(Ctx& c, std::size
     throw std::logic_error("distopt::optimizer::grad('" + name +
                            "'): its bucket's reduction has started in this step (grads_ready was called for all "
                            "its tensors); write a tensor's grads before its grads_ready");
-  if constexpr (Ctx::zero_stage >= 2) {
+  if constexpr (Ctx::zero_stage >= 2)
     if (c.reduced_)
       throw std::logic_error("distopt::optimizer::grad('" + name +
                              "'): this step's grads were reduced (reduce_grads, clip_grad_norm); with ZeRO-2 the "
                              "next step's grads are written after step()");
-    // One rank: the grads stay in place, zeroed at their first view of a step as the
-    // pool's buffers are.
-    if (!c.shards_grads() && c.hooks_.lend(k)) c.fill_zero(c.grads_.data() + b.buffer_begin, b.padded());
-  }
+  if (c.accumulates_each() && pending(c, k)) wait_bucket(c, k);  // its last micro-batch, added up first
+  // Unpooled grads (one rank at ZeRO-2, or accumulating at any stage) are zeroed at their
+  // first view of a step (of a micro-batch with reduce_each), as the pool's buffers are.
+  if ((Ctx::zero_stage >= 2 || c.options_.micro_batches > 1) && !c.shards_grads() && c.hooks_.lend(k))
+    c.fill_zero(c.grads_.data() + b.buffer_begin, b.padded());
   if (!c.shards_grads()) return {c.grads_.data() + c.plan_.tensor_buffer(i), numel};
   return {bucket_grads(c, k) + (c.plan_.tensor_buffer(i) - b.buffer_begin), numel};
 }
@@ -82,7 +85,11 @@ void mark_ready(Ctx& c, std::size_t i) {
   if (c.reduced_)
     throw std::logic_error("distopt::optimizer::grads_ready('" + c.layout_.tensors()[i].name +
                            "'): this step's grads were already reduced (reduce_grads, clip_grad_norm)");
-  if (c.hooks_.mark(i, c.layout_.tensors()[i].name)) {
+  if (c.options_.micro_batches > 1 && c.micro_batch_ >= c.options_.micro_batches)
+    throw std::logic_error("distopt::optimizer::grads_ready('" + c.layout_.tensors()[i].name +
+                           "'): every micro-batch of this step has ended (end_micro_batch was called " +
+                           std::to_string(c.micro_batch_) + " times); call step()");
+  if (c.hooks_.mark(i, c.layout_.tensors()[i].name) && c.reduces_now()) {
     const std::size_t k = c.hooks_.bucket_of(i);
     start_reduce(c, k, "grads_ready");  // first: a failed check_hook_order leaves the bucket to the step
     c.hooks_.start(k);

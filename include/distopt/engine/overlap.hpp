@@ -99,7 +99,7 @@ class grad_hooks {
     if (ready_.at(i))
       throw std::logic_error("distopt::optimizer::grads_ready: the grads of '" + name +
                              "' were already declared ready in this step (call grads_ready once per tensor per "
-                             "step, after its last write)");
+                             "step, or per micro-batch with gradient accumulation, after its last write)");
     in_use_ = true;
     ready_[i] = 1;
     return --missing_[bucket_of_[i]] == 0;
@@ -113,10 +113,13 @@ class grad_hooks {
   }
 
   /// A new step: nothing ready, nothing started.
-  void reset(const shard_plan& plan) {
+  void reset(const shard_plan& plan) { next_micro_batch(plan, false); }
+  /// A new micro-batch: nothing ready, nothing started; the views stay lent (not zeroed
+  /// again) with `keep_lent`.
+  void next_micro_batch(const shard_plan& plan, bool keep_lent) {
     std::fill(ready_.begin(), ready_.end(), 0);
     std::fill(started_.begin(), started_.end(), 0);
-    std::fill(lent_.begin(), lent_.end(), 0);
+    if (!keep_lent) std::fill(lent_.begin(), lent_.end(), 0);
     for (std::size_t k = 0; k < plan.buckets().size(); ++k)
       missing_[k] = plan.buckets()[k].end_tensor - plan.buckets()[k].first_tensor;
     in_use_ = false;

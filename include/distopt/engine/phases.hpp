@@ -85,6 +85,23 @@ struct widen_phase : chunked {
   }
 };
 
+/// Adds `src` into the fp32 accumulator `acc` (gradient accumulation, reduce_each); with
+/// `first` (the step's first micro-batch), copies it.
+template <class G>
+struct accumulate_phase : chunked {
+  const G* src = nullptr;
+  float* acc = nullptr;
+  bool first = false;
+  DISTOPT_HD void operator()(std::size_t c, std::size_t lo, std::size_t hi) const {
+    const G* s = src + c * chunk;
+    float* a = acc + c * chunk;
+    if (first)
+      for (std::size_t i = lo; i < hi; ++i) a[i] = to_float(s[i]);
+    else
+      for (std::size_t i = lo; i < hi; ++i) a[i] += to_float(s[i]);
+  }
+};
+
 /// Copies each piece's params into its fp32 master weights (local index); with `control`,
 /// only when the device decided so (the first step not skipped).
 template <class P>
