@@ -47,6 +47,7 @@ constexpr const char* usage_text =
     "                      [--backend cpu|kokkos|emulated|cuda] [--zero 1|2|3]\n"
     "                      [--max-grad-norm X] [--clip X] [--loss-scale S[,G]]\n"
     "                      [--nan-at K] [--grad-reduce-fp32] [--log FILE]\n"
+    "                      [--accumulate N] [--accumulate-schedule last|each]\n"
     "--save-at K DIR saves a checkpoint after step K into DIR; --resume DIR loads one (saved\n"
     "on any number of ranks and any --tp) and runs the trace's steps after its last step()\n"
     "call (skipped steps count); --set then changes the loaded hyper-parameters it names.\n"
@@ -86,6 +87,12 @@ constexpr const char* usage_text =
     "dynamic loss scale starting at S (growing after G clean steps, default 2000), as a\n"
     "training loop scales its loss. --nan-at K puts a NaN into step K's gradient (the step\n"
     "is skipped). --grad-reduce-fp32 reduces bf16/fp16 grads in fp32 over the ranks.\n"
+    "--accumulate N writes each step's gradient in N micro-batches (gradient accumulation,\n"
+    "optimizer_options::micro_batches): each value split into N parts by the bits of its\n"
+    "significand, so that they sum to it exactly in any order; the output equals the\n"
+    "unsplit run's byte for byte, at every stage and on any number of ranks.\n"
+    "--accumulate-schedule last (default: reduce after the last micro-batch) or each (reduce\n"
+    "each micro-batch into an fp32 accumulator; not for galore_adamw or muon).\n"
     "--log FILE writes one line per step: skipped, the grad norm, clip_grad_norm's result,\n"
     "the step count and the loss scale (hexadecimal floats, the exact bits).\n"
     "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw, muon (hyper-parameters\n"
@@ -199,6 +206,14 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--nan-at") {
       cfg.nan_at = parse_int(a, value());
       if (cfg.nan_at < 1) throw replay::usage_error("--nan-at: the step must be >= 1");
+    } else if (a == "--accumulate") {
+      cfg.accumulate = parse_int(a, value());
+      if (cfg.accumulate < 1 || cfg.accumulate > 64)
+        throw replay::usage_error("--accumulate: micro-batches must be between 1 and 64");
+    } else if (a == "--accumulate-schedule") {
+      const std::string v(value());
+      if (v != "last" && v != "each") throw replay::usage_error("--accumulate-schedule: last or each, got '" + v + "'");
+      cfg.accumulate_each = v == "each";
     } else if (a == "--grad-reduce-fp32") {
       cfg.grad_reduce_fp32 = true;
     } else if (a == "--log") {

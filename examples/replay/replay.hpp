@@ -57,6 +57,8 @@ struct config {
   int nan_at = 0;                    // --nan-at K: the K-th step's gradient holds a NaN (0 = none)
   bool grad_reduce_fp32 = false;     // --grad-reduce-fp32: optimizer_options::grad_reduce_in_fp32
   std::string log_path;              // --log FILE: one line per step
+  int accumulate = 1;                // --accumulate N: each step's gradient in N micro-batches
+  bool accumulate_each = false;      // --accumulate-schedule each: accumulation::reduce_each
 };
 
 /// Final params by name, fp32, and what each step reported (--log).

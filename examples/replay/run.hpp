@@ -122,6 +122,8 @@ inline distopt::optimizer_options options_of(const config& cfg) {
   opts.percentile_clipping = cfg.percentile_clipping;
   opts.max_grad_norm = cfg.max_grad_norm;
   opts.grad_reduce_in_fp32 = cfg.grad_reduce_fp32;
+  opts.micro_batches = cfg.accumulate;
+  opts.accumulate = cfg.accumulate_each ? distopt::accumulation::reduce_each : distopt::accumulation::reduce_last;
   if (cfg.loss_scale > 0.0) {
     distopt::dynamic_loss_scale ls;
     ls.init_scale = cfg.loss_scale;
@@ -174,6 +176,20 @@ auto read_view(Exec& exec, View view) {
   std::vector<T> host(view.size());
   distopt::download(exec, view, std::span<T>(host));
   return host;
+}
+
+/// --accumulate: part `m` of `n` of `g` (a value of the grad type): the bits of its
+/// significand cut into n runs, so that any sum of parts of one value is exact and all n
+/// sum to g. Zeros and non-finite values are part 0; the other parts are zeros of g's sign.
+inline float micro_part(float g, int m, int n) {
+  if (n == 1) return g;
+  if (g == 0.0f || !std::isfinite(g)) return m == 0 ? g : std::copysign(0.0f, g);
+  int e = 0;
+  const float f = std::frexp(std::fabs(g), &e);  // |g| = f 2^e, f in [0.5, 1)
+  const auto sig = static_cast<std::uint32_t>(std::ldexp(f, 24));  // 24 bits, exact
+  const int lo = 24 * m / n, hi = 24 * (m + 1) / n;
+  const std::uint32_t mask = (hi >= 32 ? ~0u : (1u << hi) - 1u) & ~((1u << lo) - 1u);
+  return std::copysign(std::ldexp(static_cast<float>(sig & mask), e - 24), g);
 }
 
 /// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
@@ -246,15 +262,27 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     // 0's first tensor (every rank then skips the step).
     const float scale = static_cast<float>(opt.loss_scale());
     const bool nan_step = static_cast<int>(s + 1) == cfg.nan_at;
-    for (std::size_t j = 0; j < tr.names.size(); ++j) {
-      const std::size_t k = hooks ? tr.names.size() - 1 - j : j;
-      const auto& at = plan.at[k];
-      const auto& src = tr.grads[s].at(tr.names[k]);
-      write_view(opt.executor(), opt.grad(tr.names[k]), [&](std::size_t i) {
-        if (nan_step && rank == 0 && k == 0 && i == 0) return distopt::from_float<Grad>(std::numeric_limits<float>::quiet_NaN());
-        return distopt::from_float<Grad>(rank == 0 ? src[at[i]] * scale : 0.0f);
-      });
-      if (hooks) opt.grads_ready(tr.names[k]);
+    const int n = cfg.accumulate;
+    for (int m = 0; m < n; ++m) {  // --accumulate: micro-batch m's part of each value, added
+      for (std::size_t j = 0; j < tr.names.size(); ++j) {
+        const std::size_t k = hooks ? tr.names.size() - 1 - j : j;
+        const auto& at = plan.at[k];
+        const auto& src = tr.grads[s].at(tr.names[k]);
+        const auto view = opt.grad(tr.names[k]);
+        const auto before = m == 0 ? std::vector<Grad>() : read_view(opt.executor(), view);
+        write_view(opt.executor(), view, [&](std::size_t i) {
+          if (nan_step && rank == 0 && k == 0 && i == 0) return distopt::from_float<Grad>(std::numeric_limits<float>::quiet_NaN());
+          // The value in the grad type, then its part: exact in the grad type too.
+          const float g = rank == 0 ? distopt::to_float(distopt::from_float<Grad>(src[at[i]] * scale)) : 0.0f;
+          const float part = micro_part(g, m, n);
+          // Over a zero (the first micro-batch, or reduce_each's zeroed view) the part itself,
+          // so that a -0 stays -0 in the sum, as in the unsplit run.
+          const float was = m == 0 ? 0.0f : distopt::to_float(before[i]);
+          return distopt::from_float<Grad>(was == 0.0f ? part : was + part);
+        });
+        if (hooks) opt.grads_ready(tr.names[k]);
+      }
+      if (n > 1) opt.end_micro_batch();
     }
     const double clip_norm = cfg.clip > 0.0 ? opt.clip_grad_norm(cfg.clip) : 0.0;
     const distopt::step_result r = opt.step();
