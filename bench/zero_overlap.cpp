@@ -11,12 +11,18 @@
 //
 //   distopt-bench-zero [--params N] [--stage 1|2|3] [--backward-ns X] [--bucket E]
 //                      [--repeats R] [--ranks d] [--comm threads|mpi] [--bf16] [--offload]
+//                      [--accumulate N] [--accumulate-schedule last|each]
 //
 // --bf16: bf16 params and grads with fp32 master weights (fp32 params without it).
 // --offload: ZeRO-Offload (distopt/offload.hpp) on the emulated device, bf16 params and
 // grads with fp32 master weights; the params and grads are written through copies (a GPU
 // backward writes them in place), grads_ready and step() copy them to and from the host.
 // Rank 0's memory report (hooks on) is printed after the table, with or without --offload.
+// --accumulate N: gradient accumulation, N micro-batches a step (optimizer_options::
+// micro_batches), each a whole modelled backward whose grads are added into the views, and
+// end_micro_batch() after each; --accumulate-schedule picks reduce_last (the default) or
+// reduce_each. Not with --offload. Rank 0's bytes sent per iteration are printed beside the
+// byte model of the grads' reductions and the params' gathers (threads.hpp's ring model).
 //
 // For each mode (hooks off, on) it prints rank 0's median over --repeats iterations of
 // the backward time, the step() time and their sum, and "exposed": the sum minus the same
@@ -59,6 +65,8 @@ struct settings {
   std::string comm = "threads";
   bool offload = false;
   bool bf16 = false;  // bf16 params and grads with fp32 master weights (always with --offload)
+  int accumulate = 1;
+  bool each = false;  // accumulation::reduce_each
 };
 
 double seconds_since(clock_type::time_point t) {
@@ -119,6 +127,17 @@ void fill(Opt& opt, View v, float x) {
   }
 }
 
+/// Adds x to every element of `v`, a view in host memory (the micro-batches after the first).
+template <class View>
+void add(View v, float x) {
+  using T = typename View::value_type;
+  if constexpr (std::is_same_v<View, std::span<T>>)
+    for (auto& g : v) g = distopt::from_float<T>(distopt::to_float(g) + x);
+}
+
+/// Rank 0's bytes sent per iteration with the hooks (set by run_loop with `mem`).
+std::size_t sent_per_iteration = 0;
+
 /// One training loop's iterations; returns rank 0's per-iteration timings, and with `mem`
 /// the optimizer's memory report at the end.
 template <class Opt>
@@ -133,17 +152,25 @@ std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks, distopt::m
   }
   std::vector<timing> out;
   float sink = 0;
+  const std::size_t sent_before = opt.communicator().bytes_sent();
   for (int it = 0; it < s.repeats + 1; ++it) {  // the first iteration warms up
     const auto t0 = clock_type::now();
-    for (std::size_t j = layers.size(); j-- > 0;) {
-      if (j > 0) opt.prefetch(layers[j - 1]);
-      opt.gather(layers[j]);
-      std::size_t n = 0;
-      for (const auto& name : layers[j]) n += numel[name];
-      sink += model_compute(n, s.backward_ns, sink);
-      for (const auto& name : layers[j]) fill(opt, opt.grad(name), 1e-3f);
-      if (hooks) opt.grads_ready(layers[j]);
-      opt.release(layers[j]);
+    for (int m = 0; m < s.accumulate; ++m) {
+      for (std::size_t j = layers.size(); j-- > 0;) {
+        if (j > 0) opt.prefetch(layers[j - 1]);
+        opt.gather(layers[j]);
+        std::size_t n = 0;
+        for (const auto& name : layers[j]) n += numel[name];
+        sink += model_compute(n, s.backward_ns, sink);
+        for (const auto& name : layers[j]) {
+          if (s.accumulate == 1) fill(opt, opt.grad(name), 1e-3f);
+          else add(opt.grad(name), 1e-3f);  // into views zeroed at the step's (reduce_each: micro-batch's) first use
+        }
+        if (hooks) opt.grads_ready(layers[j]);
+        opt.release(layers[j]);
+      }
+      if constexpr (requires { opt.end_micro_batch(); })  // (not over offload<Device>: refused in parse)
+        if (s.accumulate > 1) opt.end_micro_batch();
     }
     const double backward = seconds_since(t0);
     const auto t1 = clock_type::now();
@@ -153,7 +180,10 @@ std::vector<timing> run_loop(Opt& opt, const settings& s, bool hooks, distopt::m
   }
   volatile float keep = sink;
   (void)keep;
-  if (mem) *mem = opt.memory();
+  if (mem) {  // rank 0's run with the hooks
+    sent_per_iteration = (opt.communicator().bytes_sent() - sent_before) / static_cast<std::size_t>(s.repeats + 1);
+    *mem = opt.memory();
+  }
   return out;
 }
 
@@ -161,6 +191,8 @@ template <int Stage, class Comm>
 std::vector<timing> run_stage(const settings& s, Comm comm, bool hooks, distopt::memory_report* mem) {
   distopt::optimizer_options o;
   o.bucket_elems = s.bucket_elems;
+  o.micro_batches = s.accumulate;
+  o.accumulate = s.each ? distopt::accumulation::reduce_each : distopt::accumulation::reduce_last;
   distopt::adamw::hyper_params h;
   h.lr = 1e-4;
   if (s.offload) {
@@ -227,13 +259,28 @@ settings parse(int argc, char** argv) {
     else if (a == "--comm") s.comm = value();
     else if (a == "--offload") s.offload = s.bf16 = true;
     else if (a == "--bf16") s.bf16 = true;
+    else if (a == "--accumulate") s.accumulate = std::stoi(value());
+    else if (a == "--accumulate-schedule") {
+      const std::string v = value();
+      if (v != "last" && v != "each") {
+        std::fprintf(stderr, "distopt-bench-zero: --accumulate-schedule last|each, got %s\n", v.c_str());
+        std::exit(2);
+      }
+      s.each = v == "each";
+    }
     else {
       std::fprintf(stderr, "distopt-bench-zero: unknown argument %s\n", argv[i]);
       std::exit(2);
     }
   }
-  if (s.stage < 1 || s.stage > 3 || s.repeats < 1 || s.ranks < 1 || (s.comm != "threads" && s.comm != "mpi")) {
-    std::fprintf(stderr, "distopt-bench-zero: --stage 1..3, --repeats >= 1, --ranks >= 1, --comm threads|mpi\n");
+  if (s.stage < 1 || s.stage > 3 || s.repeats < 1 || s.ranks < 1 || (s.comm != "threads" && s.comm != "mpi") ||
+      s.accumulate < 1) {
+    std::fprintf(stderr,
+                 "distopt-bench-zero: --stage 1..3, --repeats >= 1, --ranks >= 1, --comm threads|mpi, --accumulate >= 1\n");
+    std::exit(2);
+  }
+  if (s.offload && s.accumulate > 1) {
+    std::fprintf(stderr, "distopt-bench-zero: --accumulate is not built for ZeRO-Offload yet\n");
     std::exit(2);
   }
 #if !defined(__linux__)
@@ -297,6 +344,27 @@ int main(int argc, char** argv) {
   report("no comm", alone_loop, base);
   report("off", off, base);
   report("on", on, base);
+  // The byte model: a reduce-scatter of the padded grads per reduction (every micro-batch with
+  // reduce_each), and an all-gather of the params (after the step at stages 1 and 2; at stage
+  // 3 each layer's per micro-batch, prefetched); (d - 1)/d of each, at the element's size.
+  {
+    const distopt::layout l = bench::gpt_like(s.params, s.bf16 ? distopt::dtype::bf16 : distopt::dtype::f32);
+    const std::size_t bucket = s.bucket_elems, elem = s.bf16 ? 2 : 4;
+    const auto ranks = static_cast<std::size_t>(d), block = l.block_size();
+    const auto cut = [&](std::size_t e) { return (e / block + ranks - 1) / ranks * block * ranks; };  // d shards of blocks
+    std::size_t padded = 0, open = 0;  // buckets close once they reach bucket_elems
+    for (const auto& t : l.tensors()) {
+      open += (t.numel + block - 1) / block * block;  // each tensor starts on a block
+      if (open >= bucket) padded += cut(open), open = 0;
+    }
+    if (open) padded += cut(open);
+    const double part = static_cast<double>(d - 1) / d * static_cast<double>(padded * elem);
+    const int reductions = s.each ? s.accumulate : 1, gathers = s.stage == 3 ? s.accumulate : 1;
+    std::printf("bytes sent per iteration (rank 0, hooks on): %zu; model %.0f (%d reduce-scatter%s, %d all-gather%s of "
+                "%.0f B)\n",
+                sent_per_iteration, part * (reductions + gathers), reductions, reductions > 1 ? "s" : "", gathers,
+                gathers > 1 ? "s" : "", part);
+  }
   std::printf("memory (rank 0, hooks on):\n");
   std::cout << mem;
   return 0;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Gradient accumulation's memory and bytes per step on the GPT-like layout: distopt-bench-zero
+# (bench/zero_overlap.cpp) with the hooks, d ranks as threads, for each ZeRO stage, schedule
+# and micro-batch count; one markdown row per run from rank 0's report.
+#   bench/accumulate/table.sh [BUILD_DIR] [PARAMS] [RANKS]
+set -euo pipefail
+build=${1:-build}
+params=${2:-16777216}
+ranks=${3:-4}
+bench="$build/bench/distopt-bench-zero"
+[ -x "$bench" ] || { echo "table.sh: $bench not built" >&2; exit 1; }
+echo "| stage | schedule | micro-batches | sent / step (rank 0) | model | grads | grad buckets (peak) | fp32 accumulator | total |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+for stage in 1 2 3; do
+  for run in "1 last" "4 last" "4 each"; do
+    set -- $run
+    out=$("$bench" --params "$params" --ranks "$ranks" --stage "$stage" --backward-ns 0.2 --repeats 2 \
+      --accumulate "$1" --accumulate-schedule "$2")
+    sent=$(sed -n 's/^bytes sent per iteration (rank 0, hooks on): \([0-9]*\); model \([0-9]*\).*/\1 \2/p' <<< "$out")
+    # A memory line: "  CATEGORY   BYTES B   X.XX B/param"; the category's B/param (0 when absent).
+    field() {
+      awk -v c="$1" '/^  / {j = 0; for (i = 1; i <= NF; ++i) if ($i == "B") { j = i; break }
+        if (!j) next; cat = $1; for (i = 2; i < j - 1; ++i) cat = cat " " $i
+        if (cat == c) { print $(j + 1); found = 1; exit } } END { if (!found) print "0" }' <<< "$out"
+    }
+    total=$(field total)
+    schedule=$([ "$1" = 1 ] && echo "-" || echo "$2")
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$stage" "$schedule" "$1" ${sent% *} ${sent#* } \
+      "$(field grads)" "$(field 'grad buckets (peak)')" "$(field 'grads fp32')" "$total"
+  done
+done
