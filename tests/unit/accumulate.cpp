@@ -54,12 +54,8 @@ BOOST_AUTO_TEST_CASE(exact_parts_give_one_result_for_every_stage_schedule_and_d)
   one.options = clipped();
   one.options.grad_reduce = reduce_op::sum;
   one.options.bucket_elems = 512;
-  const outcome unsplit = run<adamw_on<sharded<float>>>(l, decayed(), one, [&](int s, std::size_t t, std::size_t j, int, int) {
-    float g = 0.0f;  // every part of 3 ranks and 4 micro-batches, in any order: exact
-    for (int k = 0; k < 4; ++k)
-      for (int r = 0; r < 3; ++r) g += p(s, t, j, r, k);
-    return g;
-  });
+  const outcome unsplit = run<adamw_on<sharded<float>>>(
+      l, decayed(), one, [&](int s, std::size_t t, std::size_t j, int, int) { return sum_of_parts(p, 3, 4, s, t, j); });
   for (const accumulation sched : {accumulation::reduce_last, accumulation::reduce_each}) {
     run_cfg cfg = one;
     cfg.d = 3;
@@ -67,7 +63,7 @@ BOOST_AUTO_TEST_CASE(exact_parts_give_one_result_for_every_stage_schedule_and_d)
     cfg.hooks = true;
     cfg.options.micro_batches = 4;
     cfg.options.accumulate = sched;
-    BOOST_TEST_CONTEXT("stage 2, " << (sched == accumulation::reduce_last ? "reduce_last" : "reduce_each"))
+    BOOST_TEST_CONTEXT("stage 2, " << schedule_name(sched))
     check_same(run<adamw_on<sharded<float, 2>>>(l, decayed(), cfg, std::cref(p)), unsplit);
   }
 }
@@ -113,12 +109,8 @@ BOOST_AUTO_TEST_CASE(an_inf_in_one_micro_batch_skips_the_step) {
     one.options.loss_scale = dynamic_loss_scale{};
     one.options.grad_reduce = reduce_op::sum;
     one.options.bucket_elems = 512;
-    const outcome want = run<z2>(l, decayed(), one, [&](int s, std::size_t t, std::size_t j, int, int) {
-      float g = 0.0f;
-      for (int k = 0; k < 3; ++k)
-        for (int r = 0; r < 2; ++r) g += p(s, t, j, r, k);
-      return g;
-    });
+    const outcome want = run<z2>(
+        l, decayed(), one, [&](int s, std::size_t t, std::size_t j, int, int) { return sum_of_parts(p, 2, 3, s, t, j); });
     BOOST_TEST(want.skipped == (std::vector<int>{0, 1, 0, 0}), boost::test_tools::per_element());
     run_cfg cfg = one;
     cfg.d = 2;
@@ -126,7 +118,7 @@ BOOST_AUTO_TEST_CASE(an_inf_in_one_micro_batch_skips_the_step) {
     cfg.hooks = sched == accumulation::reduce_each;
     cfg.options.micro_batches = 3;
     cfg.options.accumulate = sched;
-    BOOST_TEST_CONTEXT((sched == accumulation::reduce_last ? "reduce_last" : "reduce_each"))
+    BOOST_TEST_CONTEXT(schedule_name(sched))
     check_same(run<z2>(l, decayed(), cfg, std::cref(p)), want);
   }
 }
@@ -195,7 +187,7 @@ BOOST_AUTO_TEST_CASE(reduce_each_keeps_an_fp32_shard_and_reduce_last_the_full_gr
         for (const auto& t : l.tensors()) full += t.numel;
       }
     });
-    BOOST_TEST_CONTEXT((sched == accumulation::reduce_last ? "reduce_last" : "reduce_each")) {
+    BOOST_TEST_CONTEXT(schedule_name(sched)) {
       BOOST_TEST_MESSAGE("grads fp32 " << acc_bytes << " B, grad pool " << pool_bytes << " B, local " << local);
       BOOST_TEST(acc_bytes == (sched == accumulation::reduce_each ? 4 * local : 0u));
       // (reduce_each's peak depends on when the reductions finish: not asserted)

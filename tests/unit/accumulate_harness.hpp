@@ -51,6 +51,18 @@ struct parts {
   }
 };
 
+inline const char* schedule_name(accumulation a) {
+  return a == accumulation::reduce_last ? "reduce_last" : "reduce_each";
+}
+
+/// Every part of d ranks and n micro-batches, summed in any order: exact for `exact` parts.
+inline float sum_of_parts(const parts& p, int d, int n, int s, std::size_t t, std::size_t j) {
+  float g = 0.0f;
+  for (int k = 0; k < n; ++k)
+    for (int r = 0; r < d; ++r) g += p(s, t, j, r, k);
+  return g;
+}
+
 struct run_cfg {
   int d = 1;
   int n = 1;
@@ -193,8 +205,7 @@ void check_schedules(const layout& l, const std::vector<typename Opt::hyper_para
           cfg.options = o;
           cfg.options.micro_batches = n;
           cfg.options.accumulate = sched;
-          BOOST_TEST_CONTEXT((sched == accumulation::reduce_last ? "reduce_last" : "reduce_each")
-                             << " d=" << d << " n=" << n << (hooks ? " hooks" : "") << (exact ? " exact" : "")) {
+          BOOST_TEST_CONTEXT(schedule_name(sched) << " d=" << d << " n=" << n << (hooks ? " hooks" : "") << (exact ? " exact" : "")) {
             check_same(run<Opt>(l, h, cfg, std::cref(p)), want);
           }
         }

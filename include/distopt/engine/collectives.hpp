@@ -31,6 +31,15 @@
 
 namespace distopt::detail {
 
+/// Where a reduction of bucket `k` in the grad type leaves this rank's shard: in place in
+/// the full grads, or in the local grads (ZeRO-2, whose full grads are pooled).
+template <class Ctx>
+typename Ctx::grad_type* reduced_shard(Ctx& c, std::size_t k) {
+  const shard_bucket& b = c.plan_.buckets()[k];
+  if (c.shards_grads()) return c.grads_.data() + b.local_begin;
+  return c.grads_.data() + b.buffer_begin + b.shard_begin(c.plan_.rank());
+}
+
 /// Gradient accumulation (reduce_each): micro-batch `m`'s reduced grads of bucket `k`, this
 /// rank's shard where the reduction left it, added into the fp32 accumulator grads32_
 /// (copied there for the step's first micro-batch).
@@ -48,8 +57,7 @@ void accumulate_bucket(Ctx& c, std::size_t k, int m) {
     launch(c.exec_, a.items(), a);
   };
   if (c.reduces_in_fp32()) add(static_cast<const float*>(c.staging_.data() + b.shard_begin(r)));
-  else if (c.shards_grads()) add(static_cast<const typename Ctx::grad_type*>(c.grads_.data() + b.local_begin));
-  else add(static_cast<const typename Ctx::grad_type*>(c.grads_.data() + b.buffer_begin + b.shard_begin(r)));
+  else add(static_cast<const typename Ctx::grad_type*>(reduced_shard(c, k)));
 }
 
 /// Adds bucket `k`'s micro-batch into the accumulator if its reduction was left in flight.
@@ -245,7 +253,7 @@ void start_reduce(Ctx& c, std::size_t k, const char* who) {
     if (acc) accumulate_bucket(c, k, m);
     if (c.shards_grads()) c.grad_pool_.release(k);
   } else {
-    grad_type* mine = c.shards_grads() ? c.grads_.data() + b.local_begin : g + b.shard_begin(r);
+    grad_type* mine = reduced_shard(c, k);
     reduce_bucket(c, std::span<grad_type>(g, n), std::span<grad_type>(mine, b.shard_size(r)), op, k, true);
     if (acc) {
       if (pending(c, k)) c.to_accumulate_[k] = m + 1;  // added when waited for
