@@ -244,8 +244,8 @@ fmnist::config parse_args(int argc, char** argv) {
   if (cfg.zero > 0) {
     const std::string stage = "--zero " + std::to_string(cfg.zero);
     if (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon")
-      throw usage_error(stage + ": " + cfg.optimizer + " updates whole matrices of the full grads; it runs " +
-                        "without --zero (its state sharded over --ranks as usual)");
+      throw usage_error(stage + ": distopt-fashion-mnist runs " + cfg.optimizer + " without --zero (its state " +
+                        "sharded over --ranks as usual; distopt-replay --zero runs it at every stage)");
     if (cfg.tp > 1) throw usage_error(stage + ": not with --tp in distopt-fashion-mnist");
     if (cfg.backend == "kokkos") throw usage_error(stage + ": not with --backend kokkos (one rank, replicated state)");
     if (cfg.zero >= 2 && (cfg.param_dtype != "fp32" || cfg.state != "fp32"))

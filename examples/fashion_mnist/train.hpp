@@ -444,8 +444,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
 }
 
 /// sharded<Enc> at the ZeRO stage of --zero (1 without it). Stages 2 and 3 are built for
-/// fp32 params and states only, and not for GaLore and Muon, which read whole matrices of the
-/// full grads: main refuses the rest before anything starts.
+/// fp32 params and states only, and not for GaLore and Muon (the library runs them there;
+/// distopt-replay --zero tests it): main refuses the rest before anything starts.
 template <class Policy, class Param, class Enc, class... Args>
 history train_sharded(const config& cfg, const prepared<Policy>& in, Args&&... args) {
   if (cfg.offload) {  // main checked: adamw, fp32, --zero S

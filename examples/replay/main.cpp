@@ -74,10 +74,11 @@ constexpr const char* usage_text =
     "too) with the overlap hooks: params written through gather/release, each tensor's grads\n"
     "declared ready as soon as written, last tensor first. The output equals one rank's.\n"
     "Without --ranks or --comm mpi it runs one rank (as threads, sharded storage).\n"
-    "Stages 2 and 3 take fp32 params, grads and states, and not galore_adamw or muon.\n"
+    "Stages 2 and 3 take fp32 params, grads and states.\n"
     "--placement owned (galore_adamw, muon; on --ranks or --comm mpi) puts each matrix they\n"
     "update whole on one data-parallel rank (distopt::owned): its grads are reduced to that\n"
-    "rank, which alone projects or orthogonalises it, and broadcasts the new params.\n"
+    "rank, which alone projects or orthogonalises it, and broadcasts the new params. With\n"
+    "--zero 2 a matrix's reduced grads live on its owner only; with 3 its params too.\n"
     "galore_adamw puts the 2-D tensors not named *.bias in a group with the GaLore keys\n"
     "(--set rank=R --set update_proj_gap=G --set scale=S --set proj_type=std), the rest in a\n"
     "plain group, as tests/reference/galore_cases.txt describes. muon likewise puts them in\n"
@@ -248,12 +249,6 @@ replay::config parse_args(int argc, char** argv, paths& io) {
   if (cfg.zero > 0) {
     if (cfg.backend != "cpu")
       throw replay::usage_error("--zero: the ZeRO stages run on --ranks or --comm mpi, not --backend " + cfg.backend);
-    if (cfg.placement == "owned")
-      throw replay::usage_error("--zero: --placement owned puts whole matrices on their owners; the ZeRO stages shard "
-                                "(use one or the other)");
-    if (cfg.zero >= 2 && (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon"))
-      throw replay::usage_error("--zero " + std::to_string(cfg.zero) + ": " + cfg.optimizer +
-                                " reads whole matrices of the full grads; use --zero 1 or --placement owned");
     const auto fp32 = [](const std::string& t) { return distopt::parse_dtype(t) == distopt::dtype::f32; };
     if (cfg.zero >= 2 && (!fp32(cfg.param_dtype) || !fp32(cfg.grad_dtype) || cfg.state != "fp32"))
       throw replay::usage_error("--zero " + std::to_string(cfg.zero) +

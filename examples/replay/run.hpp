@@ -383,25 +383,29 @@ template <class Mode>
 concept one_rank_mode = requires { typename Mode::executor; };
 
 /// One data-parallel rank of several: sharded state, or with --placement owned (GaLore and
-/// Muon only) each whole matrix on one rank (distopt::owned).
-/// --zero 2 and 3 (sharded<State, 2|3>) are built for fp32 params, grads and states, and
-/// not for GaLore and Muon (they read whole matrices of the full grads): main.cpp refuses
-/// the rest. Stage 1 takes every combination.
+/// Muon only) each whole matrix on one rank (distopt::owned). --zero 2 and 3
+/// (sharded<State, 2|3>, owned<State, 2|3>) are built for fp32 params, grads and states:
+/// main.cpp refuses the rest. Stage 1 takes every combination.
 template <class Policy, class State, class Param, class Grad, class... Args>
 result run_dp_rank(const trace& tr, const config& cfg, Args&&... args) {
   constexpr bool matrices = distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
+  constexpr bool fp32 = std::is_same_v<State, float> && std::is_same_v<Param, float> && std::is_same_v<Grad, float>;
+  const auto at = [&]<template <class, int> class Storage>() -> result {
+    const auto go = [&]<int Stage>() {
+      return run_rank<Policy, Storage<State, Stage>, distopt::any_comm, Param, Grad>(tr, cfg,
+                                                                                     std::forward<Args>(args)...);
+    };
+    if constexpr (fp32) {
+      if (cfg.zero == 2) return go.template operator()<2>();
+      if (cfg.zero == 3) return go.template operator()<3>();
+    }
+    if (cfg.zero >= 2) throw usage_error("--zero " + std::to_string(cfg.zero) + ": not built for these types");
+    return go.template operator()<1>();
+  };
   if constexpr (matrices) {
-    if (cfg.placement == "owned")
-      return run_rank<Policy, distopt::owned<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+    if (cfg.placement == "owned") return at.template operator()<distopt::owned>();
   }
-  if constexpr (!matrices && std::is_same_v<State, float> && std::is_same_v<Param, float> && std::is_same_v<Grad, float>) {
-    if (cfg.zero == 2)
-      return run_rank<Policy, distopt::sharded<State, 2>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
-    if (cfg.zero == 3)
-      return run_rank<Policy, distopt::sharded<State, 3>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
-  }
-  if (cfg.zero >= 2) throw usage_error("--zero " + std::to_string(cfg.zero) + ": not built for these types");
-  return run_rank<Policy, distopt::sharded<State>, distopt::any_comm, Param, Grad>(tr, cfg, std::forward<Args>(args)...);
+  return at.template operator()<distopt::sharded>();
 }
 
 template <class Policy, class Mode, class State, class Param, class Grad>

@@ -85,9 +85,6 @@ class optimizer {
   static constexpr bool owns_matrices = context_type::owns_matrices;
   /// The ZeRO stage: 0 replicated, 1 sharded states, 2 sharded grads too (sharded<E, 2>).
   static constexpr int zero_stage = context_type::zero_stage;
-  static_assert(zero_stage < 2 || (!projects && !orthogonalizes),
-                "distopt::sharded<Encoding, 2>: ZeRO-2 runs the element-wise and layer-wise policies; GaLore and "
-                "Muon read whole matrices of the full grads: use stage 1 (sharded<Encoding>) or owned<Encoding>");
   static_assert(!owns_matrices || projects || orthogonalizes,
                 "distopt::owned<...> places the matrices that GaLore projects and Muon orthogonalises, each "
                 "on one rank; this policy updates no whole matrices: use distopt::sharded<...>");

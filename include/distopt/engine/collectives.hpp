@@ -360,8 +360,9 @@ void gather_params(Ctx& c) {
 }
 
 /// ZeRO-3: all-gathers bucket `k`'s params from every rank's shard into its pooled
-/// buffer; asynchronously (a prefetch, waited for by finish_prefetch) when `async` and
-/// the communicator can. With one rank, a copy.
+/// buffer (an owned bucket: a broadcast from the owner of each run, blocking);
+/// asynchronously (a prefetch, waited for by finish_prefetch) when `async` and the
+/// communicator can. With one rank, a copy.
 template <class Ctx>
 void gather_bucket_params(Ctx& c, std::size_t k, bool async, const char* who) {
   using param_type = typename Ctx::param_type;
@@ -372,6 +373,16 @@ void gather_bucket_params(Ctx& c, std::size_t k, bool async, const char* who) {
   const param_type* mine = c.params_.data() + b.local_begin;
   const std::size_t n = b.shard_size(c.plan_.rank());
   if (c.comm_.size() == 1) return copy_bytes(c.exec_, full, mine, n * sizeof(param_type));
+  if constexpr (Ctx::owns_matrices) {
+    if (b.owned()) {  // runs of uneven sizes: each broadcast (blocking) from its owner
+      const std::size_t me = c.plan_.rank();
+      copy_bytes(c.exec_, full + b.shard_begin(me), mine, n * sizeof(param_type));
+      for (std::size_t r = 0; r < b.shards; ++r)
+        if (b.shard_size(r) != 0)
+          c.comm_.broadcast(std::span<param_type>(full + b.shard_begin(r), b.shard_size(r)), static_cast<int>(r));
+      return;
+    }
+  }
   c.comms_.all_gather(c.exec_, c.comm_, std::span<const param_type>(mine, n), std::span<param_type>(full, b.padded()),
                       async ? &c.param_pending_[k] : nullptr, &c.param_scope_[k]);
 }

@@ -176,7 +176,7 @@ struct orthogonal_stage {
       for (std::size_t c = mine.first; c < mine.end; ++c) {
         const shard_piece& pc = pieces[c];
         const std::size_t first = pc.layout - t.offset;  // in this TP rank's part
-        typename Ctx::param_type* p = o.params_.data() + pc.buffer;
+        typename Ctx::param_type* p = o.params_.data() + o.param_at(pc);
         float* m = o.uses_master() ? o.master_.data() + pc.local : nullptr;
         for (std::size_t e = 0; e < pc.count; ++e) {
           float value = Mode == param_mode::master ? m[e] : to_float(p[e]);

@@ -90,6 +90,7 @@ struct projected_apply_phase {
   std::size_t tensor_offset = 0;  ///< the matrix's first layout index
   const float* back = nullptr;
   Param* params = nullptr;
+  bool params_local = false;  ///< params indexed by local index (ZeRO-3), else buffer index
   float* master = nullptr;  ///< null without master weights
   std::uint64_t key = 0;
 
@@ -119,7 +120,7 @@ struct projected_apply_phase {
     const run r = run_of(c);
     const shard_piece& pc = *r.piece;
     const float* u = back + (pc.layout - tensor_offset);
-    Param* p = params + pc.buffer;
+    Param* p = params + (params_local ? pc.local : pc.buffer);
     float* m = master ? master + pc.local : nullptr;
     for (std::size_t e = r.first + first; e < r.first + last; ++e) {
       float value = Mode == param_mode::master ? m[e] : to_float(p[e]);
@@ -337,17 +338,38 @@ struct projection_stage {
 
   /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
   /// matrix: project, update the low-rank states, project back, apply to this rank's part.
+  /// Where the reduced grads are: in place in the full grads (stages 0-1, gathered there
+  /// when sharded); at ZeRO-2 an owned bucket's in this rank's local grads (its own run of
+  /// matrices, all it projects), a sharded bucket's gathered into a pooled full buffer,
+  /// lent for the bucket's projection only.
   template <detail::param_mode Mode, class Ctx>
   void project_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
                       const detail::shard_bucket& b) {
+    using G = typename Ctx::grad_type;
     bool any = false;
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || o.states_at_.matrix_index()[i] >= 0;
     if (!any) return;
+    const std::size_t k = static_cast<std::size_t>(&b - o.plan_.buckets().data()), me = o.plan_.rank();
+    const bool pooled = o.shards_grads() && !b.owned();
+    struct lent {  // the pooled buffer goes back however the projection ends
+      Ctx& o;
+      std::size_t k;
+      bool on;
+      ~lent() {
+        if (on) o.grad_pool_.release(k);
+      }
+    } guard{o, k, pooled};
+    G* g = o.grads_.data() + b.buffer_begin;  // bucket element x at g[x - from]
+    std::size_t from = 0;
+    if (o.shards_grads()) {
+      bool dirty = false;  // every element is overwritten by the gather
+      g = b.owned() ? o.grads_.data() + b.local_begin : o.grad_pool_.acquire(o.exec_, k, dirty);
+      from = b.owned() ? b.shard_begin(me) : 0;
+    }
     if (Ctx::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
-      typename Ctx::grad_type* g = o.grads_.data() + b.buffer_begin;
-      o.comms_.all_gather(o.exec_, o.comm_,
-                          std::span<const typename Ctx::grad_type>(g + b.shard_begin(o.plan_.rank()), b.shard_elems),
-                          std::span<typename Ctx::grad_type>(g, b.padded()), nullptr, nullptr);
+      const G* shard = o.shards_grads() ? o.grads_.data() + b.local_begin : g + b.shard_begin(me);
+      o.comms_.all_gather(o.exec_, o.comm_, std::span<const G>(shard, b.shard_elems), std::span<G>(g, b.padded()),
+                          nullptr, nullptr);
     }
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const detail::piece_range mine = o.plan_.pieces_of(i);
@@ -355,7 +377,8 @@ struct projection_stage {
       if (j < 0 || mine.empty()) continue;  // not projected, or another rank's
       const tensor_slot& t = o.layout_.tensors()[i];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[i];
-      update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine);
+      update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine,
+                          g + (o.plan_.tensor_buffer(i) - b.buffer_begin - from));
     }
   }
 
@@ -389,20 +412,22 @@ struct projection_stage {
     ap.tensor_offset = tensor_offset;
     ap.back = back;
     ap.params = o.params_.data();
+    ap.params_local = o.shards_params();
     ap.master = o.uses_master() ? o.master_.data() : nullptr;
     ap.key = key;
     launch(o.exec_, ap.items(o.plan_.pieces().data() + mine.first), ap);
   }
 
-  /// One matrix's step, on every executor: its grads widened and scaled, its projection
-  /// refreshed when due (the SVD), its projection, the low-rank Adam, its projection back
-  /// and the update of this rank's part, as phases and through matrix_ops<Exec> on the
-  /// executor's memory (BLAS and LAPACK on the host's and the emulated device's, the same
-  /// bits; cuBLAS and cuSOLVER, which sum in their own order, on cuda). 8-bit low-rank
-  /// states (executors of host memory only) are updated by the host per block of 256.
+  /// One matrix's step, on every executor: its reduced grads (`grads`) widened and
+  /// scaled, its projection refreshed when due (the SVD), its projection, the low-rank
+  /// Adam, its projection back and the update of this rank's part, as phases and through
+  /// matrix_ops<Exec> on the executor's memory (BLAS and LAPACK on the host's and the
+  /// emulated device's, the same bits; cuBLAS and cuSOLVER, which sum in their own order,
+  /// on cuda). 8-bit low-rank states (executors of host memory only) are updated by the
+  /// host per block of 256.
   template <param_mode Mode, class Ctx>
   void update_matrix(Ctx& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
-                     piece_range mine) {
+                     piece_range mine, const typename Ctx::grad_type* grads) {
     projected_matrix& pm = matrices_[j];
     device_matrix& dm = device_[j];
     Exec& e = o.exec_;
@@ -428,7 +453,7 @@ struct projection_stage {
     widen_phase<typename Ctx::grad_type> w;
     w.n = mn;
     w.chunk = chunk;
-    w.src = o.grads_.data() + o.plan_.tensor_buffer(pm.tensor);
+    w.src = grads;
     w.dst = full;
     launch(e, w.items(), w);
     scale_all(full, mn, scale);
