@@ -195,13 +195,7 @@ struct context : context_host {
     if (shards_grads()) grad_pool_ = bucket_pool<grad_type, Exec>(bucket_sizes);
     if (grads_in_fp32()) grads32_ = buffer<float, Exec>(exec_, plan_.local_size());
     if (reduces_in_fp32()) staging_ = buffer<float, Exec>(exec_, largest);
-    if (accumulates_each()) {
-      to_accumulate_.assign(plan_.buckets().size(), 0);
-      if (projects || orthogonalizes)
-        throw std::invalid_argument(std::string(Policy::name) +
-                                    ": accumulation::reduce_each is not built for GaLore and Muon (their matrix "
-                                    "stages read the full grads); accumulate with accumulation::reduce_last");
-    }
+    if (accumulates_each()) to_accumulate_.assign(plan_.buckets().size(), 0);
     if (uses_master()) master_ = buffer<float, Exec>(exec_, plan_.local_size());
   }
 

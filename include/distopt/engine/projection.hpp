@@ -179,6 +179,7 @@ struct projection_stage {
     r.entries.push_back({"state projected", states});
     r.entries.push_back({"projections", projections});
     r.entries.push_back({"projection work", work});
+    if (gathered_.size() > 0) r.entries.push_back({"projection gather", gathered_.bytes()});
   }
 
   /// The floats of one matrix's work buffer: its grads and its update (m x n each), its
@@ -250,6 +251,18 @@ struct projection_stage {
       device_.push_back(std::move(dm));
     }
     ortho_staging_.resize(matrices_.size());
+    // fp32 reduced grads (accumulated with reduce_each) are this rank's shard: a sharded
+    // bucket's are gathered into gathered_ for its projection (ZeRO-2's fp32 grads: a pooled
+    // buffer instead).
+    const bool pooled = o.shards_grads() && std::is_same_v<typename Ctx::grad_type, float>;
+    std::size_t gathered = 0;
+    if (Ctx::is_sharded && o.comm_.size() > 1 && o.grads_in_fp32() && !pooled)
+      for (const auto& b : o.plan_.buckets()) {
+        bool projected = false;
+        for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) projected = projected || o.states_at_.matrix_index()[i] >= 0;
+        if (projected && !b.owned()) gathered = std::max(gathered, b.padded());
+      }
+    if (gathered > 0) gathered_ = buffer<float, Exec>(o.exec_, gathered);
     if (!matrices_.empty() && o.reduces_in_fp32())
       throw std::invalid_argument(std::string(Policy::name) +
                                   ": grad_reduce_in_fp32 is not supported with projected matrices");
@@ -333,24 +346,27 @@ struct projection_stage {
   static constexpr bool runs_between_buckets = true;
   template <param_mode Mode, class Ctx, class G>
   void run_bucket(Ctx& o, const step_inputs<Policy, G>& in, const shard_bucket& b) {
-    project_bucket<Mode>(o, *in.host_scalars, in.grad_scale, in.key, b);
+    project_bucket<Mode>(o, *in.host_scalars, in.grads, in.grads_local, in.grad_scale, in.key, b);
   }
 
   /// The projected matrices of bucket `b`: gather their reduced grads (sharded), then per
   /// matrix: project, update the low-rank states, project back, apply to this rank's part.
-  /// Where the reduced grads are: in place in the full grads (stages 0-1, gathered there
-  /// when sharded); at ZeRO-2 an owned bucket's in this rank's local grads (its own run of
-  /// matrices, all it projects), a sharded bucket's gathered into a pooled full buffer,
-  /// lent for the bucket's projection only.
-  template <detail::param_mode Mode, class Ctx>
-  void project_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, float grad_scale, std::uint64_t key,
-                      const detail::shard_bucket& b) {
-    using G = typename Ctx::grad_type;
+  /// `grads` are the reduced grads the step reads (`in.grads`): by buffer index the full
+  /// grads (stages 0-1), gathered in place when sharded; by local index this rank's shard
+  /// (ZeRO-2's grads, or fp32 ones accumulated or reduced in fp32). An owned bucket's shard
+  /// is its own run of matrices, all it projects; a sharded bucket's shards are gathered
+  /// into a buffer of the grad pool (ZeRO-2's grads, lent for the bucket's projection
+  /// only) or, fp32, into gathered_.
+  template <detail::param_mode Mode, class Ctx, class G>
+  void project_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
+                      float grad_scale, std::uint64_t key, const detail::shard_bucket& b) {
+    using grad_type = typename Ctx::grad_type;
     bool any = false;
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || o.states_at_.matrix_index()[i] >= 0;
     if (!any) return;
     const std::size_t k = static_cast<std::size_t>(&b - o.plan_.buckets().data()), me = o.plan_.rank();
-    const bool pooled = o.shards_grads() && !b.owned();
+    const bool gather = Ctx::is_sharded && o.comm_.size() > 1 && !b.owned();  // owned: each matrix its owner's
+    const bool pooled = gather && grads_local && o.shards_grads() && std::is_same_v<G, grad_type>;
     struct lent {  // the pooled buffer goes back however the projection ends
       Ctx& o;
       std::size_t k;
@@ -359,17 +375,31 @@ struct projection_stage {
         if (on) o.grad_pool_.release(k);
       }
     } guard{o, k, pooled};
-    G* g = o.grads_.data() + b.buffer_begin;  // bucket element x at g[x - from]
+    const G* g = nullptr;  // bucket element x at g[x - from]
     std::size_t from = 0;
-    if (o.shards_grads()) {
-      bool dirty = false;  // every element is overwritten by the gather
-      g = b.owned() ? o.grads_.data() + b.local_begin : o.grad_pool_.acquire(o.exec_, k, dirty);
+    if (!grads_local) {  // the full grads: grads_ itself
+      if constexpr (std::is_same_v<G, grad_type>) {
+        grad_type* full = o.grads_.data() + b.buffer_begin;
+        if (gather)
+          o.comms_.all_gather(o.exec_, o.comm_, std::span<const G>(full + b.shard_begin(me), b.shard_elems),
+                              std::span<G>(full, b.padded()), nullptr, nullptr);
+        g = full;
+      }
+    } else if (!gather) {  // one shard holds all this rank projects
+      g = grads + b.local_begin;
       from = b.owned() ? b.shard_begin(me) : 0;
-    }
-    if (Ctx::is_sharded && o.comm_.size() > 1 && !b.owned()) {  // owned: each matrix is its owner's alone
-      const G* shard = o.shards_grads() ? o.grads_.data() + b.local_begin : g + b.shard_begin(me);
-      o.comms_.all_gather(o.exec_, o.comm_, std::span<const G>(shard, b.shard_elems), std::span<G>(g, b.padded()),
-                          nullptr, nullptr);
+    } else {
+      G* full = nullptr;
+      if constexpr (std::is_same_v<G, grad_type>) {
+        bool dirty = false;  // every element is overwritten by the gather
+        if (pooled) full = o.grad_pool_.acquire(o.exec_, k, dirty);
+      }
+      if constexpr (std::is_same_v<G, float>) {
+        if (!pooled) full = gathered_.data();
+      }
+      o.comms_.all_gather(o.exec_, o.comm_, std::span<const G>(grads + b.local_begin, b.shard_elems),
+                          std::span<G>(full, b.padded()), nullptr, nullptr);
+      g = full;
     }
     for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) {
       const detail::piece_range mine = o.plan_.pieces_of(i);
@@ -377,8 +407,13 @@ struct projection_stage {
       if (j < 0 || mine.empty()) continue;  // not projected, or another rank's
       const tensor_slot& t = o.layout_.tensors()[i];
       const float scale = o.clip_scale_.empty() ? grad_scale : grad_scale * o.clip_scale_[i];
-      update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine,
-                          g + (o.plan_.tensor_buffer(i) - b.buffer_begin - from));
+      const G* at = g + (o.plan_.tensor_buffer(i) - b.buffer_begin - from);
+      if constexpr (std::is_same_v<G, grad_type>)
+        update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine, at,
+                            nullptr);
+      else
+        update_matrix<Mode>(o, static_cast<std::size_t>(j), sc[static_cast<std::size_t>(t.group)], scale, key, mine,
+                            nullptr, at);
     }
   }
 
@@ -418,8 +453,8 @@ struct projection_stage {
     launch(o.exec_, ap.items(o.plan_.pieces().data() + mine.first), ap);
   }
 
-  /// One matrix's step, on every executor: its reduced grads (`grads`) widened and
-  /// scaled, its projection refreshed when due (the SVD), its projection, the low-rank
+  /// One matrix's step, on every executor: its reduced grads (`grads`, or fp32 `grads32`)
+  /// widened and scaled, its projection refreshed when due (the SVD), its projection, the low-rank
   /// Adam, its projection back and the update of this rank's part, as phases and through
   /// matrix_ops<Exec> on the executor's memory (BLAS and LAPACK on the host's and the
   /// emulated device's, the same bits; cuBLAS and cuSOLVER, which sum in their own order,
@@ -427,7 +462,7 @@ struct projection_stage {
   /// host per block of 256.
   template <param_mode Mode, class Ctx>
   void update_matrix(Ctx& o, std::size_t j, const typename Policy::scalars& s, float scale, std::uint64_t key,
-                     piece_range mine, const typename Ctx::grad_type* grads) {
+                     piece_range mine, const typename Ctx::grad_type* grads, const float* grads32) {
     projected_matrix& pm = matrices_[j];
     device_matrix& dm = device_[j];
     Exec& e = o.exec_;
@@ -450,12 +485,16 @@ struct projection_stage {
       sp.scale = by;
       launch(e, sp.items(), sp);
     };
-    widen_phase<typename Ctx::grad_type> w;
-    w.n = mn;
-    w.chunk = chunk;
-    w.src = grads;
-    w.dst = full;
-    launch(e, w.items(), w);
+    const auto widen = [&](const auto* src) {
+      widen_phase<std::remove_cv_t<std::remove_pointer_t<decltype(src)>>> w;
+      w.n = mn;
+      w.chunk = chunk;
+      w.src = src;
+      w.dst = full;
+      launch(e, w.items(), w);
+    };
+    if (grads32) widen(grads32);
+    else widen(grads);
     scale_all(full, mn, scale);
     if (!dm.ready || (o.step_ - 1) % pm.proj.update_proj_gap() == 0) {  // galore_projector::refresh_due
       if constexpr (on_device) {
@@ -510,6 +549,7 @@ struct projection_stage {
   mutable std::vector<projected_matrix> matrices_;  // the projected matrices
   mutable std::vector<device_matrix> device_;       // their memory in the executor's
   buffer<float, Exec> work_dev_;  // one matrix's gradient, low-rank, update and a product between
+  buffer<float, Exec> gathered_;  // a sharded bucket's fp32 reduced grads, gathered (reduce_each)
   std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // projections being loaded
 };
 
