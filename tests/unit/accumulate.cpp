@@ -93,6 +93,24 @@ BOOST_AUTO_TEST_CASE(layerwise_and_8bit_at_stage_2) {
   check_schedules<q8_z2>(l, decayed(), small_blocks, {2, 3}, false);
 }
 
+BOOST_AUTO_TEST_CASE(layerwise_and_8bit_at_stages_1_and_3) {
+  // The same at stage 1 (the full grads kept) and at stage 3 (the params sharded too),
+  // against the same one-rank stage-1 references: stages 1-3 of both families.
+  const layout l = mixed_layout();
+  using adafactor_ref = optimizer<adafactor, sharded<float>, threads, cpu, precision<float>>;
+  using adafactor_z3 = optimizer<adafactor, sharded<float, 3>, threads, cpu, precision<float>>;
+  BOOST_TEST_CONTEXT("adafactor stage 1")
+  check_schedules<adafactor_ref>(l, {adafactor::hyper_params{}}, optimizer_options{}, {3}, false);
+  BOOST_TEST_CONTEXT("adafactor stage 3")
+  check_schedules<adafactor_z3, adafactor_ref>(l, {adafactor::hyper_params{}}, optimizer_options{}, {2, 3}, false);
+  using q8_ref = optimizer<adamw, sharded<q8>, threads, cpu, precision<float>>;
+  using q8_z3 = optimizer<adamw, sharded<q8, 3>, threads, cpu, precision<float>>;
+  optimizer_options small_blocks;
+  small_blocks.min_8bit_size = 256;
+  BOOST_TEST_CONTEXT("q8 stage 1") check_schedules<q8_ref>(l, decayed(), small_blocks, {3}, false);
+  BOOST_TEST_CONTEXT("q8 stage 3") check_schedules<q8_z3, q8_ref>(l, decayed(), small_blocks, {2, 3}, false);
+}
+
 BOOST_AUTO_TEST_CASE(an_inf_in_one_micro_batch_skips_the_step) {
   // fp16 grads with dynamic loss scaling, exact parts: a NaN in micro-batch 1 of the last
   // rank skips step 1 on every rank, halves the scale, and the run equals one rank fed the

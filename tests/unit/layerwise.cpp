@@ -19,6 +19,7 @@
 // Parity with the reference implementations is tested on golden traces (tests/reference).
 
 #include "layerwise_cases.hpp"
+#include "tp_grid.hpp"
 
 #include <distopt/detail/exact_sum.hpp>
 #include <distopt/detail/fixed_sum.hpp>
@@ -797,98 +798,11 @@ BOOST_AUTO_TEST_SUITE_END()
 // TP = 2 x DP = 2 against the unsplit single rank
 // ---------------------------------------------------------------------------------------
 
-struct tp_tensor {
-  std::vector<std::int64_t> shape;  // the whole tensor
-  tp_split split;
-};
-
-std::vector<tp_tensor> tp_tensors() {
-  return {{{12, 40}, tp_split::rows},   // column-parallel weight: rows split, column sums need TP
-          {{20, 30}, tp_split::cols},   // row-parallel weight: columns split, row sums need TP
-          {{6}, tp_split::rows},        // its bias
-          {{4, 6, 10}, tp_split::rows}, // a batch of matrices split by the batch
-          {{3, 5, 16}, tp_split::cols}, // a batch split by columns
-          {{9}, tp_split::none},        // replicated over TP
-          {{7, 300}, tp_split::cols}};  // rows that straddle blocks and DP cuts
-}
-
-/// The full tensor's flat index of element l of TP part t of `tp` parts.
-std::size_t full_index(const tp_tensor& x, int t, int tp, std::size_t l) {
-  std::size_t numel = 1;
-  for (auto s : x.shape) numel *= static_cast<std::size_t>(s);
-  if (x.split == tp_split::rows) return static_cast<std::size_t>(t) * (numel / static_cast<std::size_t>(tp)) + l;
-  if (x.split == tp_split::cols) {
-    const std::size_t c = static_cast<std::size_t>(x.shape.back()), lc = c / static_cast<std::size_t>(tp);
-    return (l / lc) * c + static_cast<std::size_t>(t) * lc + l % lc;
-  }
-  return l;
-}
-
-/// Runs `steps` on a DP x TP grid (dp = 1, tp = 1: the unsplit single rank) and returns
-/// the reassembled params and slot-0 states of every tensor.
-template <class Policy>
-std::vector<std::vector<float>> run_grid(const typename Policy::hyper_params& h, int dp, int tp, int steps,
-                                         std::vector<std::vector<float>>* states) {
-  const auto xs = tp_tensors();
-  std::vector<std::vector<float>> params(xs.size()), st(xs.size());
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    std::size_t n = 1;
-    for (auto s : xs[i].shape) n *= static_cast<std::size_t>(s);
-    params[i].assign(n, 0.0f);
-    st[i].assign(n, 0.0f);
-  }
-  std::mutex m;
-  run_ranks(dp * tp, [&](threads& world) {
-    const int d = world.rank() / tp, t = world.rank() % tp;
-    std::optional<threads> tp_comm;
-    if (tp > 1) tp_comm.emplace(world.split(d, t));
-    threads dp_comm = tp > 1 ? world.split(t, d) : std::move(world);
-    layout l;
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      auto shape = xs[i].shape;
-      const tp_split split = tp > 1 ? xs[i].split : tp_split::none;
-      if (split == tp_split::rows) shape.front() /= tp;
-      if (split == tp_split::cols) shape.back() /= tp;
-      l.add(std::string("t").append(std::to_string(i)), shape, dtype::f32, 0, split);
-    }
-    optimizer_options o;
-    o.grad_reduce = reduce_op::sum;
-    o.bucket_elems = 600;  // several buckets
-    optimizer<Policy, sharded<fp32>, threads> opt(l, h, o, cpu(1), std::move(dp_comm));
-    if (tp_comm) opt.set_tensor_parallel_group(std::move(*tp_comm));
-    const auto place = [&](std::size_t i, std::size_t e) { return tp > 1 ? full_index(xs[i], t, tp, e) : e; };
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      auto p = opt.param(std::string("t").append(std::to_string(i)));
-      for (std::size_t e = 0; e < p.size(); ++e) p[e] = init_value(i, place(i, e));
-    }
-    for (int s = 0; s < steps; ++s) {
-      for (std::size_t i = 0; i < xs.size(); ++i) {
-        auto g = opt.grad(std::string("t").append(std::to_string(i)));
-        for (std::size_t e = 0; e < g.size(); ++e) g[e] = d == 0 ? grad_value(s, i, place(i, e)) : 0.0f;
-      }
-      opt.step();
-      opt.zero_grad();
-    }
-    std::lock_guard<std::mutex> lock(m);
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      const std::string name = std::string("t").append(std::to_string(i));
-      if (d == 0) {
-        auto p = opt.param(name);
-        for (std::size_t e = 0; e < p.size(); ++e) params[i][place(i, e)] = p[e];
-      }
-      const auto sv = opt.local_state(name, 0);
-      for (std::size_t e = 0; e < sv.values.size(); ++e) st[i][place(i, sv.first + e)] = sv.values[e];
-    }
-  });
-  if (states) *states = std::move(st);
-  return params;
-}
-
 template <class Policy>
 void check_tp_grid(const typename Policy::hyper_params& h) {
   std::vector<std::vector<float>> ref_states, got_states;
-  const auto ref = run_grid<Policy>(h, 1, 1, 30, &ref_states);
-  const auto got = run_grid<Policy>(h, 2, 2, 30, &got_states);
+  const auto ref = run_grid<Policy>(tp_tensors(), {h}, {}, &ref_states);
+  const auto got = run_grid<Policy>(tp_tensors(), {h}, {.dp = 2, .tp = 2}, &got_states);
   for (std::size_t i = 0; i < ref.size(); ++i) {
     BOOST_TEST_CONTEXT(Policy::name << " tensor " << i) {
       BOOST_TEST(std::memcmp(got[i].data(), ref[i].data(), ref[i].size() * sizeof(float)) == 0);
