@@ -42,6 +42,12 @@
 /// they were copied (reduce_grads, clip_grad_norm): zero them each step. `step()` returns
 /// the step_result itself: the host has stepped when it returns.
 ///
+/// Gradient accumulation (options.micro_batches > 1) keeps the host optimizer's rules on
+/// the device: a tensor's device grads are zero at its first view of a step
+/// (accumulation::reduce_last: the micro-batches add up on the device, and only the last
+/// one's are copied to the host) or of a micro-batch (reduce_each: each micro-batch's are
+/// copied, by its hooks or by end_micro_batch, and the host reduces and accumulates them).
+///
 /// The communicator is the host optimizer's: a host one (single, threads, mpi, any_comm).
 /// DeepSpeed reduces on the device first and copies 1/d of the grads; here each rank copies
 /// its whole grads to the host, which a communicator of device memory would avoid (not
@@ -110,28 +116,24 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
             offload<Device> exec = offload<Device>{}, Comm comm = Comm{})
       : host_optimizer(std::move(tensors), std::move(groups), options, exec.host(), std::move(comm)),
         exec_(std::move(exec)) {
-    if (options.micro_batches > 1)
-      throw std::invalid_argument("distopt::optimizer over distopt::offload: gradient accumulation "
-                                  "(micro_batches > 1) is not built for ZeRO-Offload yet; accumulate on the device "
-                                  "before the step");
     const auto& ts = host().tensors().tensors();
     lent_grads_.assign(ts.size(), nullptr);
     lent_params_.assign(ts.size(), nullptr);
     ready_.assign(ts.size(), false);
+    viewed_.assign(ts.size(), false);
     if constexpr (zero_stage < 3) {
       const auto all = host().params();
       params_ = detail::buffer<param_type, Device>(exec_.device(), all.size());
       for (const auto& t : ts) param_at_.push_back(static_cast<std::size_t>(host().param(t.name).data() - all.data()));
     }
-    if constexpr (zero_stage < 2) {
-      const auto all = host().grads();
-      grads_ = detail::buffer<grad_type, Device>(exec_.device(), all.size());
-      for (const auto& t : ts) grad_at_.push_back(static_cast<std::size_t>(host().grad(t.name).data() - all.data()));
+    if constexpr (zero_stage < 2) {  // laid out as the host's grads (not through its views, which zero)
+      grads_ = detail::buffer<grad_type, Device>(exec_.device(), this->ctx_.grads_.size());
+      for (std::size_t i = 0; i < ts.size(); ++i) grad_at_.push_back(this->ctx_.plan_.tensor_buffer(i));
     }
     if (options.pin_host_buffers) {  // the buffers every step copies whole; the pools' at their first copy
       pinned_ = detail::host_registration<Device>(exec_.device());
       if constexpr (zero_stage < 3) pinned_.add(host().params().data(), host().params().size_bytes(), "params");
-      if constexpr (zero_stage < 2) pinned_.add(host().grads().data(), host().grads().size_bytes(), "grads");
+      if constexpr (zero_stage < 2) pinned_.add(this->ctx_.grads_.data(), this->ctx_.grads_.bytes(), "grads");
     }
   }
   /// One hyper-parameter group for every tensor.
@@ -157,6 +159,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     lent_grads_ = std::move(o.lent_grads_);
     lent_params_ = std::move(o.lent_params_);
     ready_ = std::move(o.ready_);
+    viewed_ = std::move(o.viewed_);
     any_ready_ = o.any_ready_;
     pushed_ = o.pushed_;
     params_on_host_ = o.params_on_host_;
@@ -215,7 +218,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   }
   /// The device grads of tensor `name`: write each step's gradient here before `step()` or
   /// `grads_ready(name)`. ZeRO-2 and ZeRO-3: zero at the first view of a step, and valid
-  /// until the tensor's grads_ready (or the step).
+  /// until the tensor's grads_ready (or the step). Gradient accumulation, at every stage:
+  /// zero at the first view of a step (reduce_last) or of a micro-batch (reduce_each).
   view<grad_type> grad(std::string_view name) {
     const std::size_t i = index_of(name);
     if (ready_[i])
@@ -234,6 +238,8 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       }
       return {lent_grads_[i], numel(i)};
     } else {
+      if (accumulating() && !viewed_[i]) detail::fill_zero(exec_.device(), grads_.data() + grad_at_[i], numel(i));
+      viewed_[i] = true;
       return {grads_.data() + grad_at_[i], numel(i)};
     }
   }
@@ -244,17 +250,22 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
                              "tensors only; read and write them through gather(names), param(name) and release");
     return {params_.data(), params_.size()};
   }
-  /// The whole device grads buffer; not at ZeRO-2 and ZeRO-3 (pooled per tensor).
+  /// The whole device grads buffer; not at ZeRO-2 and ZeRO-3 (pooled per tensor), nor with
+  /// gradient accumulation (a tensor's grads are zeroed at its first view).
   view<grad_type> grads() {
     if constexpr (zero_stage >= 2)
       throw std::logic_error("distopt::optimizer<offload>::grads(): with ZeRO-2 and ZeRO-3 the device grads are "
                              "lent per tensor; write them through grad(name)");
+    if (accumulating())
+      throw std::logic_error("distopt::optimizer<offload>::grads(): with gradient accumulation (micro_batches > 1) "
+                             "each tensor's grads are zeroed at its first view; write them through grad(name)");
     return {grads_.data(), grads_.size()};
   }
 
   /// Overlap hook: copies the grads of `names` to the host and declares them ready there
   /// (the host optimizer's grads_ready: complete buckets start reducing). Naming a tensor
-  /// twice in one step throws, naming it.
+  /// twice in one step (micro-batch) throws, naming it. Accumulating with reduce_last,
+  /// before the last micro-batch: declares them ready there only (nothing is copied).
   void grads_ready(const tensor_names& names) {
     if (pushed_)
       throw std::logic_error("distopt::optimizer<offload>::grads_ready: this step's grads were already copied to "
@@ -267,7 +278,10 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
                                "'): declared ready twice in one step");
       is.push_back(i);
     }
-    if constexpr (copies_async<Device>) {
+    if (!copies_now()) {  // they add up on the device until the last micro-batch
+      hand_over();
+      host().grads_ready(names);
+    } else if constexpr (copies_async<Device>) {
       hand_over();
       in_flight entry;
       entry.tensors = is;
@@ -314,6 +328,29 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// As release, but what was written into the device params of `names` is copied to the
   /// host optimizer, which keeps it (this rank's shard at ZeRO-3).
   void release(const tensor_names& names, keep_writes_t) { release_names(names, true); }
+
+  /// Gradient accumulation: this micro-batch's backward is done (the host optimizer's
+  /// end_micro_batch). With reduce_each, and after the last micro-batch, first copies the
+  /// grads no hook copied to the host.
+  void end_micro_batch() {
+    hand_over();
+    const bool copy = copies_now(), last = host().micro_batch() + 1 >= host().options().micro_batches;
+    if (copy && !pushed_)
+      for (std::size_t i = 0; i < ready_.size(); ++i)
+        if (!ready_[i]) push_grad(i, false);
+    host().end_micro_batch();
+    if (last) {
+      pushed_ = pushed_ || copy;  // the step's grads are on the host
+      return;
+    }
+    ready_.assign(ready_.size(), false);
+    if (copy) {  // reduce_each: the next micro-batch's grads start from zero
+      return_grads();
+      viewed_.assign(viewed_.size(), false);
+    }
+  }
+  /// Micro-batches ended in this step (the host optimizer's).
+  int micro_batch() const noexcept { return host().micro_batch(); }
 
   /// Zeroes the device grads (the lent ones at ZeRO-2 and ZeRO-3) and the host optimizer's.
   void zero_grad() {
@@ -401,6 +438,13 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
 
  private:
   std::size_t index_of(std::string_view name) const { return this->ctx_.index_of(name); }
+  bool accumulating() const noexcept { return host().options().micro_batches > 1; }
+  /// Whether this micro-batch's grads go to the host: always, but with reduce_last only in
+  /// the step's last micro-batch (the earlier ones add up on the device).
+  bool copies_now() const noexcept {
+    return !accumulating() || host().options().accumulate == accumulation::reduce_each ||
+           host().micro_batch() + 1 >= host().options().micro_batches;
+  }
   std::size_t numel(std::size_t i) const { return host().tensors().tensors()[i].numel; }
   const std::string& name_of(std::size_t i) const { return host().tensors().tensors()[i].name; }
 
@@ -412,6 +456,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
     const auto to = host().grad(name_of(i));
     const grad_type* from = zero_stage >= 2 ? lent_grads_[i] : grads_.data() + grad_at_[i];
     if (!from) return 0;
+    if (zero_stage < 2 && accumulating() && !viewed_[i]) return 0;  // not viewed: zero, as the host's view
     if constexpr (zero_stage >= 2) pin_pooled(detail::grad_buffer_of(this->ctx_, i), "grad bucket buffer");
     return start_copy(to.data(), from, to.size_bytes(), async);
   }
@@ -512,7 +557,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// Every grad no hook copied, in one copy at stages 0-1 when no hook ran.
   void push_grads() {
     if (pushed_) return;
-    if (zero_stage < 2 && !any_ready_) {
+    if (zero_stage < 2 && !any_ready_ && !accumulating()) {  // host().grads(): not accumulating
       const auto to = host().grads();
       detail::copy_bytes(exec_, to.data(), grads_.data(), to.size_bytes());
     } else {
@@ -564,6 +609,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   }
   void next_step() {
     ready_.assign(ready_.size(), false);
+    viewed_.assign(viewed_.size(), false);
     any_ready_ = false;
     pushed_ = false;
   }
@@ -578,6 +624,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   std::vector<grad_type*> lent_grads_;
   std::vector<param_type*> lent_params_;
   std::vector<bool> ready_;
+  std::vector<bool> viewed_;  // stages 0-1, accumulating: the device grads viewed (zeroed) in this step (micro-batch)
   bool any_ready_ = false;  // a grads_ready ran in this step
   bool pushed_ = false;          // this step's grads are on the host (reduce_grads, clip_grad_norm)
   bool params_on_host_ = false;  // the device params were copied to the host (the first step) or loaded

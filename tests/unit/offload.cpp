@@ -97,6 +97,42 @@ void run_part(int d, const layout& l, const std::filesystem::path& dir, bool sav
   });
 }
 
+/// Gradient accumulation: 4 steps of `o.micro_batches` micro-batches, each adding a
+/// rank- and micro-batch-dependent gradient into the bf16 grad views (downloaded, added in
+/// float, uploaded: the same arithmetic on every executor), the hooks per micro-batch when
+/// `hooks`; what rank 0 sees and every rank's shard.
+template <class Storage, class Exec, class Policy = adamw>
+outcome run_accumulating(int d, const layout& l, optimizer_options o, bool hooks,
+                         const typename Policy::hyper_params& h = adamw_decayed()) {
+  using opt_t = optimizer<Policy, Storage, threads, Exec, precision<bf16>>;
+  o.grad_reduce = reduce_op::sum;
+  o.bucket_elems = 512;
+  outcome out = blank<opt_t>(l, Policy::state_slots(h));
+  run_ranks(d, [&](threads& comm) {
+    const int rank = comm.rank();
+    opt_t opt(l, h, o, make_executor<Exec>(1), std::move(comm));
+    init_params(opt);
+    const auto names = all_names(opt);
+    for (int s = 0; s < 4; ++s) {
+      for (int k = 0; k < o.micro_batches; ++k) {
+        for (std::size_t t = names.size(); t-- > 0;) {  // backward: the last tensor first
+          const auto view = opt.grad(names[t]);
+          std::vector<bf16> v(view.size());
+          download(opt.executor(), view, std::span<bf16>(v));
+          const float share = (0.5f + 0.25f * static_cast<float>(rank)) * static_cast<float>(k + 1) * 0.25f;
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] = from_float<bf16>(to_float(v[i]) + grad_value(s, t, i) * share);
+          upload(opt.executor(), v, view);
+          if (hooks) opt.grads_ready(names[t]);
+        }
+        opt.end_micro_batch();
+      }
+      opt.step();
+    }
+    collect_all(opt, rank, out);
+  });
+  return out;
+}
+
 /// Three bf16 tensors of 1024 elements: a bucket each with buckets of 1024.
 layout three_equal_tensors() {
   layout l;
@@ -147,6 +183,59 @@ BOOST_AUTO_TEST_CASE(lamb_layerwise_statistics) {
   hook_run hr;
   hr.steps = 8;
   check_offload_stages<lamb, float, precision<float>>({h}, hr, dtype::f32);
+}
+
+// Gradient accumulation: the device grads add up (reduce_last: copied after the last
+// micro-batch) or are copied each micro-batch (reduce_each), with and without the hooks, at
+// stages 1-3, d = 1..3: the bits of the same loop on cpu (which ctest `accumulate` checks
+// against the schedules' global gradients).
+BOOST_AUTO_TEST_CASE(gradient_accumulation_equals_cpu_at_every_stage) {
+  const layout l = make_layout(awkward_layouts().front(), dtype::bf16);
+  for (const accumulation sched : {accumulation::reduce_last, accumulation::reduce_each})
+    for (int d = 1; d <= 3; ++d)
+      for (const bool hooks : {false, true}) {
+        optimizer_options o;
+        o.micro_batches = 3;
+        o.accumulate = sched;
+        BOOST_TEST_CONTEXT((sched == accumulation::reduce_last ? "reduce_last" : "reduce_each")
+                           << " d=" << d << (hooks ? " hooks" : "")) {
+          BOOST_TEST_CONTEXT("stage 1")
+          check_same(run_accumulating<sharded<float>, dev>(d, l, o, hooks),
+                     run_accumulating<sharded<float>, cpu>(d, l, o, hooks));
+          BOOST_TEST_CONTEXT("stage 2")
+          check_same(run_accumulating<sharded<float, 2>, dev>(d, l, o, hooks),
+                     run_accumulating<sharded<float, 2>, cpu>(d, l, o, hooks));
+          BOOST_TEST_CONTEXT("stage 3")
+          check_same(run_accumulating<sharded<float, 3>, dev>(d, l, o, hooks),
+                     run_accumulating<sharded<float, 3>, cpu>(d, l, o, hooks));
+        }
+      }
+  // The layer-wise statistics (Lamb at stage 3) and 8-bit states (q8 AdamW at stage 2) read
+  // the accumulated grads the copies bring.
+  lamb::hyper_params lh;
+  lh.lr = 1e-2;
+  lh.weight_decay = 0.01;
+  for (const accumulation sched : {accumulation::reduce_last, accumulation::reduce_each}) {
+    optimizer_options o;
+    o.micro_batches = 4;
+    o.accumulate = sched;
+    BOOST_TEST_CONTEXT("lamb stage 3, d=2")
+    check_same(run_accumulating<sharded<float, 3>, dev, lamb>(2, l, o, true, lh),
+               run_accumulating<sharded<float, 3>, cpu, lamb>(2, l, o, true, lh));
+    o.min_8bit_size = 256;
+    BOOST_TEST_CONTEXT("q8 stage 2, d=3")
+    check_same(run_accumulating<sharded<q8, 2>, dev>(3, l, o, false), run_accumulating<sharded<q8, 2>, cpu>(3, l, o, false));
+  }
+  // The whole device grads buffer would bypass the zeroing at a tensor's first view.
+  optimizer_options o;
+  o.micro_batches = 2;
+  run_ranks(1, [&](threads& comm) {
+    optimizer<adamw, sharded<float>, threads, dev, precision<bf16>> opt(l, adamw_decayed(), o, make_executor<dev>(1),
+                                                                       std::move(comm));
+    BOOST_CHECK_EXCEPTION(opt.grads(), std::logic_error, [](const std::logic_error& e) {
+      return std::string(e.what()).find("each tensor's grads are zeroed at its first view") != std::string::npos;
+    });
+  });
 }
 
 // No hooks: the initial params are written into the device views only (the first step
