@@ -44,6 +44,8 @@ struct config {
   std::string comm = "threads";  // threads: ranks as threads of this process; mpi: one per process
   int zero = 0;           // --zero: the ZeRO stage (1-3), with the overlap hooks; 0: not given
   bool offload = false;   // --offload: ZeRO-Offload (params and grads on the emulated device), with --zero
+  int accumulate = 1;     // --accumulate N: micro-batches per step (gradient accumulation)
+  bool accumulate_each = false;  // --accumulate-schedule each: reduced each micro-batch (else after the last)
   std::string backend = "cpu";   // the optimizer's executor: cpu, kokkos or cuda (one rank)
   std::uint64_t seed = 0;
   std::string data_dir = default_data_dir;

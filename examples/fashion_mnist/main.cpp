@@ -43,6 +43,7 @@ constexpr const char* usage_text =
     "                             [--data DIR] [--log FILE.csv] [--plot FILE.png]\n"
     "                             [--limit N] [--clip MAX_NORM] [--normalize on|off]\n"
     "                             [--ranks N] [--tp T] [--comm threads|mpi] [--zero 1|2|3 [--offload]]\n"
+    "                             [--accumulate N [--accumulate-schedule last|each]]\n"
     "                             [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
     "                             [--backend cpu|kokkos|cuda]\n"
     "Trains an MLP (784-512-256-10, ReLU, softmax cross-entropy) on Fashion-MNIST.\n"
@@ -107,6 +108,13 @@ constexpr const char* usage_text =
     "                  master weights and states on the host, stepped by the CPU; grads copied\n"
     "                  to the host layer by layer as backward writes them. Trains bit for bit as\n"
     "                  without --offload. adamw with fp32 params and states, Linux\n"
+    "  --accumulate    N micro-batches per step (gradient accumulation, default 1): each rank's\n"
+    "                  part of a batch cut into N, as --ranks cuts the batch, each micro-batch's\n"
+    "                  backward adding into the grads, one step after the last. Every --zero\n"
+    "                  stage trains bit for bit alike. CPU backend, not with --offload\n"
+    "  --accumulate-schedule  last (default: the grads reduced after the last micro-batch,\n"
+    "                  as PyTorch's no_sync) or each (reduced after each micro-batch into an\n"
+    "                  fp32 accumulator of this rank's shard, as DeepSpeed's ZeRO-2)\n"
     "  --backend       the optimizer's executor: cpu (default; --threads threads) or kokkos\n"
     "                  (Kokkos's default host space, its own threads; one rank): both train\n"
     "                  bit for bit alike. cuda: the whole training on GPU 0, the products on\n"
@@ -210,6 +218,12 @@ fmnist::config parse_args(int argc, char** argv) {
       if (cfg.zero > 3) throw usage_error("--zero: the ZeRO stage is 1, 2 or 3, got " + std::to_string(cfg.zero));
     } else if (a == "--offload") {
       cfg.offload = true;
+    } else if (a == "--accumulate") {
+      cfg.accumulate = parse_number<int>(a, value(), 1);
+    } else if (a == "--accumulate-schedule") {
+      const std::string v(value());
+      if (v != "last" && v != "each") throw usage_error("--accumulate-schedule: last or each, got '" + v + "'");
+      cfg.accumulate_each = v == "each";
     } else if (a == "--comm") {
       cfg.comm = value();
       if (cfg.comm != "threads" && cfg.comm != "mpi")
@@ -260,6 +274,12 @@ fmnist::config parse_args(int argc, char** argv) {
     if (cfg.optimizer != "adamw" || cfg.param_dtype != "fp32" || cfg.state != "fp32")
       throw usage_error("--offload: distopt-fashion-mnist builds it for --optimizer adamw with fp32 params and "
                         "states");
+  }
+  if (cfg.accumulate > 1) {
+    if (cfg.backend != "cpu") throw usage_error("--accumulate: runs on --backend cpu, not " + cfg.backend);
+    if (cfg.offload)
+      throw usage_error("--accumulate: not with --offload in distopt-fashion-mnist (its offload path writes the "
+                        "device grads from host copies)");
   }
   if (cfg.backend == "kokkos" && (cfg.ranks > 1 || cfg.tp > 1 || cfg.comm == "mpi"))
     throw usage_error("--backend kokkos: runs one rank in distopt-fashion-mnist (no --ranks, --tp or --comm mpi)");

@@ -83,8 +83,8 @@ const float* mlp::forward(std::span<const linear_ref> layers, const float* x, in
   return out_.back().data();
 }
 
-double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
-                        const std::uint8_t* labels, int n, int divisor, const layer_calls* calls) {
+double mlp::train_batch(std::span<const linear_ref> layers, const float* x, const std::uint8_t* labels, int n,
+                        int divisor, const layer_calls* calls, bool add_grads) {
   if (n < 1 || n > max_batch_ || divisor < 1) throw std::invalid_argument("mlp::train_batch: bad row count");
   const int classes = sizes_.back();
   const float* logits = forward(layers, x, n, calls);
@@ -109,15 +109,18 @@ double mlp::train_batch(std::span<const linear_ref> layers, const float* x,
     const geometry& g = geo_[static_cast<std::size_t>(l)];
     const auto [in, ld] = input_of(l, x);
     const int k = g.in_local, m = g.out_local;
-    // weight_grad[m, k] = delta[n, m]^T * in[n, k]
+    // weight_grad[m, k] = delta[n, m]^T * in[n, k] (+ weight_grad: BLAS adds the product once)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, n, 1.0f, delta_.data(), m, in, ld,
-                0.0f, layer.weight_grad, k);
-    float* gb = layer.bias_grad;
+                add_grads ? 1.0f : 0.0f, layer.weight_grad, k);
+    if (add_grads) bias_sum_.resize(static_cast<std::size_t>(m));
+    float* gb = add_grads ? bias_sum_.data() : layer.bias_grad;
     std::fill_n(gb, m, 0.0f);
     for (int r = 0; r < n; ++r) {
       const float* d = delta_.data() + std::size_t(r) * m;
       for (int c = 0; c < m; ++c) gb[c] += d[c];
     }
+    if (add_grads)
+      for (int c = 0; c < m; ++c) layer.bias_grad[c] += gb[c];
     if (calls) calls->grads_written(l);  // its reduction may start while the layers below compute
     if (l == 0) {  // no gradient is needed for the images
       if (calls) calls->release(l);

@@ -84,9 +84,12 @@ class mlp {
   /// B, so that the ranks' gradients sum to the batch's mean gradient. With tensor
   /// parallelism every rank of the TP group calls it with the same rows, and gets the
   /// gradients of its parts (those of the whole output bias are the same on every rank).
-  /// With `calls`, each layer's refs come from calls->acquire instead of `layers`.
-  double train_batch(std::span<const linear_ref> layers, const float* x,
-                     const std::uint8_t* labels, int n, int divisor, const layer_calls* calls = nullptr);
+  /// With `calls`, each layer's refs come from calls->acquire instead of `layers`. With
+  /// `add_grads` (a micro-batch of gradient accumulation) the gradients are added into the
+  /// grad buffers instead: each computed on its own, then added once per element, so that
+  /// micro-batches of one rank sum as the ranks' parts of a batch do.
+  double train_batch(std::span<const linear_ref> layers, const float* x, const std::uint8_t* labels, int n,
+                     int divisor, const layer_calls* calls = nullptr, bool add_grads = false);
 
   /// The number of rows whose highest logit is at their label (collective over the TP group).
   int count_correct(std::span<const linear_ref> layers, const float* x,
@@ -112,6 +115,7 @@ class mlp {
   std::vector<geometry> geo_;
   std::vector<std::vector<float>> out_;  // per layer: post-ReLU output (logits for the last)
   std::vector<float> delta_, delta_next_;  // dLoss/d(pre-activation), current and next layer down
+  std::vector<float> bias_sum_;             // add_grads: a bias gradient before it is added
 };
 
 }  // namespace fmnist

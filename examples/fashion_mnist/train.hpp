@@ -123,6 +123,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   options.seed = cfg.seed;
   if constexpr (distributed) options.grad_reduce = distopt::reduce_op::sum;  // already divided by the batch size
   if (hooks) options.bucket_elems = 1;  // a bucket per tensor: each layer's reduction starts after its backward
+  options.micro_batches = cfg.accumulate;  // --accumulate N: N micro-batches per step
+  options.accumulate = cfg.accumulate_each ? distopt::accumulation::reduce_each : distopt::accumulation::reduce_last;
+  const bool accumulating = cfg.accumulate > 1;
   distopt::optimizer<Policy, Storage, Comm, Exec, distopt::precision<Param, float>> opt(
       std::move(tensors), groups_of(in), options, distopt::make_executor<Exec>(cfg.threads), std::move(comm));
   if constexpr (distributed)
@@ -269,7 +272,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
   };
   const layer_calls* const model_calls = hooks ? &calls : nullptr;
   // A pass without rows, on a rank whose part of a batch is empty: the model's layer calls in
-  // the model's order (backward: zero grads), so that its collectives (ZeRO-3's gathers, the
+  // the model's order (backward: zero grads; accumulating, nothing added into grads that the
+  // optimizer zeroed at their first view), so that its collectives (ZeRO-3's gathers, the
   // grads' reductions) pair with those of the ranks that compute.
   const auto idle_pass = [&](bool backward) {
     for (int l = 0; l < layer_count; ++l) {
@@ -279,8 +283,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
     for (int l = layer_count - 1; backward && l >= 0; --l) {
       const linear_ref r = calls.acquire(l, true);
       const auto i = static_cast<std::size_t>(2 * l);
-      std::fill_n(r.weight_grad, opt.tensors().find(names[i]).numel, 0.0f);
-      std::fill_n(r.bias_grad, opt.tensors().find(names[i + 1]).numel, 0.0f);
+      if (!accumulating) {
+        std::fill_n(r.weight_grad, opt.tensors().find(names[i]).numel, 0.0f);
+        std::fill_n(r.bias_grad, opt.tensors().find(names[i + 1]).numel, 0.0f);
+      }
       calls.grads_written(l);
       calls.release(l);
     }
@@ -315,6 +321,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
                                       : "states, grads and params")
                 << " sharded), hooks layer by layer";
     if (offloaded) std::cout << "; master weights and states offloaded to the host (params and grads on the emulated device)";
+    if (accumulating)
+      std::cout << "; " << cfg.accumulate << " micro-batches a step, the grads reduced "
+                << (cfg.accumulate_each ? "after each (into an fp32 accumulator)" : "after the last");
     std::cout << std::endl;
   }
 
@@ -376,18 +385,29 @@ history train_rank(const config& cfg, const prepared<Policy>& in, std::string_vi
       if (step_index++ < first_step) continue;  // done before the checkpoint
       const share part = share_of(n, ranks, rank);
       double part_loss = 0.0;  // sum over this rank's rows
-      if (part.count > 0) {
-        for (std::size_t r = 0; r < part.count; ++r) {
-          const std::size_t s = order[b + part.first + r];
-          std::copy_n(data.train.images.data() + s * pixels, pixels, batch_x.data() + r * pixels);
-          batch_y[r] = data.train.labels[s];
+      for (int k = 0; k < cfg.accumulate; ++k) {
+        // --accumulate N: micro-batch k of this rank's part, cut as --ranks cuts a batch, its
+        // grads added into views taken again (zeroed by the optimizer at the first view).
+        const share micro = share_of(part.count, cfg.accumulate, k);
+        if (accumulating && !hooks)
+          for (int l = 0; l < layer_count; ++l) {
+            layers[static_cast<std::size_t>(l)].weight_grad = opt.grad(names[static_cast<std::size_t>(2 * l)]).data();
+            layers[static_cast<std::size_t>(l)].bias_grad = opt.grad(names[static_cast<std::size_t>(2 * l + 1)]).data();
+          }
+        if (micro.count > 0) {
+          for (std::size_t r = 0; r < micro.count; ++r) {
+            const std::size_t s = order[b + part.first + micro.first + r];
+            std::copy_n(data.train.images.data() + s * pixels, pixels, batch_x.data() + r * pixels);
+            batch_y[r] = data.train.labels[s];
+          }
+          part_loss += model.train_batch(layers, batch_x.data(), batch_y.data(), static_cast<int>(micro.count),
+                                         static_cast<int>(n), model_calls, accumulating);
+        } else if (hooks) {
+          idle_pass(true);  // nothing to add, in the other ranks' order of layer calls
+        } else if (!accumulating) {
+          opt.zero_grad();  // a last batch smaller than the number of ranks: nothing to add
         }
-        part_loss = model.train_batch(layers, batch_x.data(), batch_y.data(), static_cast<int>(part.count),
-                                      static_cast<int>(n), model_calls);
-      } else if (hooks) {
-        idle_pass(true);  // nothing to add, in the other ranks' order of layer calls
-      } else {
-        opt.zero_grad();  // a last batch smaller than the number of ranks: nothing to add
+        if (accumulating) opt.end_micro_batch();
       }
       const double loss = sum_over_ranks(part_loss) / static_cast<double>(n);
 
