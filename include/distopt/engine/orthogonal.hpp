@@ -74,7 +74,8 @@ struct orthogonal_stage {
                                                 static_cast<std::size_t>(m * n) * sizeof(float));
     }
     for (const auto& b : o.plan_.buckets())
-      if (has_matrix(o, b)) stage_elems_ = std::max(stage_elems_, stage_window(o, b).size);
+      if (o.states_at_.any_whole_matrix(b.first_tensor, b.end_tensor))
+        stage_elems_ = std::max(stage_elems_, stage_window(o, b).size);
     // The matrices' momentum (slot 0), packed; the other tensors' slots are the element stage's.
     const auto& pieces = o.plan_.pieces();
     std::size_t momentum = 0;
@@ -118,13 +119,6 @@ struct orthogonal_stage {
     return {0, b.padded()};
   }
 
-  template <class Ctx>
-  static bool has_matrix(const Ctx& o, const shard_bucket& b) {
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i)
-      if (o.states_at_.whole_matrix(i)) return true;
-    return false;
-  }
-
   /// Newton-Schulz runs on each bucket before its element update.
   static constexpr bool runs_between_buckets = true;
   template <param_mode Mode, class Ctx, class G>
@@ -137,7 +131,8 @@ struct orthogonal_stage {
   template <param_mode Mode, class Ctx, class G>
   void orthogonalize_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
                             float grad_scale, std::uint64_t key, const shard_bucket& b) {
-    if (!has_matrix(o, b)) return;  // the same answer on every rank: the collective below matches
+    // The same answer on every rank: the collective below matches.
+    if (!o.states_at_.any_whole_matrix(b.first_tensor, b.end_tensor)) return;
     const auto tensors = o.layout_.tensors();
     const auto& pieces = o.plan_.pieces();
     const window sw = stage_window(o, b);

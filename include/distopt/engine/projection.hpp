@@ -257,11 +257,9 @@ struct projection_stage {
     const bool pooled = o.shards_grads() && std::is_same_v<typename Ctx::grad_type, float>;
     std::size_t gathered = 0;
     if (Ctx::is_sharded && o.comm_.size() > 1 && o.grads_in_fp32() && !pooled)
-      for (const auto& b : o.plan_.buckets()) {
-        bool projected = false;
-        for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) projected = projected || o.states_at_.matrix_index()[i] >= 0;
-        if (projected && !b.owned()) gathered = std::max(gathered, b.padded());
-      }
+      for (const auto& b : o.plan_.buckets())
+        if (!b.owned() && o.states_at_.any_whole_matrix(b.first_tensor, b.end_tensor))
+          gathered = std::max(gathered, b.padded());
     if (gathered > 0) gathered_ = buffer<float, Exec>(o.exec_, gathered);
     if (!matrices_.empty() && o.reduces_in_fp32())
       throw std::invalid_argument(std::string(Policy::name) +
@@ -361,9 +359,7 @@ struct projection_stage {
   void project_bucket(Ctx& o, const std::vector<typename Policy::scalars>& sc, const G* grads, bool grads_local,
                       float grad_scale, std::uint64_t key, const detail::shard_bucket& b) {
     using grad_type = typename Ctx::grad_type;
-    bool any = false;
-    for (std::size_t i = b.first_tensor; i < b.end_tensor; ++i) any = any || o.states_at_.matrix_index()[i] >= 0;
-    if (!any) return;
+    if (!o.states_at_.any_whole_matrix(b.first_tensor, b.end_tensor)) return;
     const std::size_t k = static_cast<std::size_t>(&b - o.plan_.buckets().data()), me = o.plan_.rank();
     const bool gather = Ctx::is_sharded && o.comm_.size() > 1 && !b.owned();  // owned: each matrix its owner's
     const bool pooled = gather && grads_local && o.shards_grads() && std::is_same_v<G, grad_type>;

@@ -61,6 +61,12 @@ class state_layout {
   const std::vector<int>& matrix_index() const noexcept { return matrix_index_; }
   std::vector<int>& matrix_index() noexcept { return matrix_index_; }
   bool whole_matrix(std::size_t tensor) const noexcept { return matrix_index_[tensor] >= 0; }
+  /// Whether any of the tensors [first, end) (a bucket's) is such a matrix.
+  bool any_whole_matrix(std::size_t first, std::size_t end) const noexcept {
+    for (std::size_t i = first; i < end; ++i)
+      if (whole_matrix(i)) return true;
+    return false;
+  }
 
  private:
   std::vector<slot_offsets> offsets_;
