@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -94,18 +95,24 @@ void train(Opt& opt, int rank, const run_cfg& cfg, const std::function<float(int
   const auto names = names_of(opt);
   opt.gather(names);
   for (std::size_t t = 0; t < names.size(); ++t) {
-    auto p = opt.param(names[t]);
+    const auto view = opt.param(names[t]);
+    std::vector<P> p(view.size());
     for (std::size_t j = 0; j < p.size(); ++j)
       p[j] = static_cast<P>(0.25f * std::sin(0.37f * static_cast<float>(j) + static_cast<float>(t)));
+    upload(opt.executor(), std::span<const P>(p), view);
   }
   opt.release(names, keep_writes);
+  std::vector<G> v;
   for (int s = 0; s < cfg.steps; ++s) {
     opt.zero_grad();
     for (int k = 0; k < cfg.n; ++k) {
       for (std::size_t q = names.size(); q-- > 0;) {  // backward: the last tensor first
-        auto v = opt.grad(names[q]);
+        const auto view = opt.grad(names[q]);  // in host or (offload) device memory
+        v.resize(view.size());
+        download(opt.executor(), view, std::span<G>(v));
         for (std::size_t j = 0; j < v.size(); ++j)
           v[j] = static_cast<G>(static_cast<float>(v[j]) + grad(s, q, j, rank, k));
+        upload(opt.executor(), std::span<const G>(v), view);
         if (cfg.hooks) opt.grads_ready(names[q]);
       }
       if (cfg.n > 1) opt.end_micro_batch();
@@ -118,13 +125,17 @@ void train(Opt& opt, int rank, const run_cfg& cfg, const std::function<float(int
   }
   opt.gather(names);
   if (out)
-    for (const auto& name : names)
-      for (const P& x : opt.param(name)) {
+    for (const auto& name : names) {
+      const auto view = opt.param(name);
+      std::vector<P> p(view.size());
+      download(opt.executor(), view, std::span<P>(p));
+      for (const P& x : p) {
         const float f = static_cast<float>(x);
         std::uint32_t b;
         std::memcpy(&b, &f, sizeof b);
         out->params.push_back(b);
       }
+    }
   opt.release(names);
 }
 
@@ -135,7 +146,7 @@ outcome run(const layout& l, const std::vector<typename Opt::hyper_params>& h, c
   outcome out;
   run_ranks(cfg.d, [&](threads& comm) {
     const int rank = comm.rank();
-    Opt opt(l, h, cfg.options, cpu(1), std::move(comm));
+    Opt opt(l, h, cfg.options, make_executor<typename Opt::executor_type>(1), std::move(comm));
     train(opt, rank, cfg, grad, rank == 0 ? &out : nullptr);
   });
   return out;

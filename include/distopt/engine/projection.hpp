@@ -251,9 +251,9 @@ struct projection_stage {
       device_.push_back(std::move(dm));
     }
     ortho_staging_.resize(matrices_.size());
-    // fp32 reduced grads (accumulated with reduce_each) are this rank's shard: a sharded
-    // bucket's are gathered into gathered_ for its projection (ZeRO-2's fp32 grads: a pooled
-    // buffer instead).
+    // fp32 reduced grads (accumulated with reduce_each, or reduced with grad_reduce_in_fp32)
+    // are this rank's shard: a sharded bucket's are gathered into gathered_ for its
+    // projection (ZeRO-2's fp32 grads: a pooled buffer instead).
     const bool pooled = o.shards_grads() && std::is_same_v<typename Ctx::grad_type, float>;
     std::size_t gathered = 0;
     if (Ctx::is_sharded && o.comm_.size() > 1 && o.grads_in_fp32() && !pooled)
@@ -261,9 +261,6 @@ struct projection_stage {
         if (!b.owned() && o.states_at_.any_whole_matrix(b.first_tensor, b.end_tensor))
           gathered = std::max(gathered, b.padded());
     if (gathered > 0) gathered_ = buffer<float, Exec>(o.exec_, gathered);
-    if (!matrices_.empty() && o.reduces_in_fp32())
-      throw std::invalid_argument(std::string(Policy::name) +
-                                  ": grad_reduce_in_fp32 is not supported with projected matrices");
   }
 
   /// The projector of matrix `name`, its factors copied from the executor's memory first
