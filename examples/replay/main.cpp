@@ -93,7 +93,7 @@ constexpr const char* usage_text =
     "significand, so that they sum to it exactly in any order; the output equals the\n"
     "unsplit run's byte for byte, at every stage and on any number of ranks.\n"
     "--accumulate-schedule last (default: reduce after the last micro-batch) or each (reduce\n"
-    "each micro-batch into an fp32 accumulator; not for galore_adamw or muon).\n"
+    "each micro-batch into an fp32 accumulator).\n"
     "--log FILE writes one line per step: skipped, the grad norm, clip_grad_norm's result,\n"
     "the step count and the loss scale (hexadecimal floats, the exact bits).\n"
     "optimizers: sgd, adam, adamw, lion, lamb, adafactor, came, galore_adamw, muon (hyper-parameters\n"
