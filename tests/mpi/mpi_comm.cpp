@@ -3,7 +3,8 @@
 // The `mpi` communicator under mpiexec (ctest runs it with 2, 3 and 4 processes): every
 // collective x element type x op against values each rank computes itself from every
 // rank's inputs (the inputs are a function of rank and index), in-place and async forms,
-// split into a DP x TP grid, the byte model of threads.hpp, and the errors.
+// split into a DP x TP grid and into the groups of a mixture-of-experts mesh, the byte
+// model of threads.hpp, and the errors.
 //
 // Two input families. "exact": multiples of 1/4 in [-4, 4], whose sums and averages
 // are exact in every type and order, so every result is known bit for bit. "rounding":
@@ -16,11 +17,13 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <distopt/comm/mesh.hpp>
 #include <distopt/comm/mpi.hpp>
 #include <distopt/types/bf16.hpp>
 #include <distopt/types/fp16.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +35,8 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+#include "mesh_groups.hpp"
 
 namespace {
 
@@ -582,6 +587,32 @@ BOOST_AUTO_TEST_CASE(split_into_a_dp_x_tp_grid) {
   BOOST_TEST(moved.bytes_sent() == 3 * ar1 + (ut - 1) * 8);
   BOOST_TEST(invalid_argument_of([&] { static_cast<void>(world.split(-1, 0)); }) ==
              "distopt::mpi::split: color must be >= 0, got -1 on rank " + std::to_string(w));
+}
+
+BOOST_AUTO_TEST_CASE(a_mixture_of_experts_mesh) {
+  // The five groups of make_mesh between processes, for each shape this world divides
+  // (tp, etp in {1, 2}, ep in {1, 2, 3, 4}): each holds the ranks its axis formula names.
+  mpi world(MPI_COMM_WORLD);
+  const int d = world.size(), w = world.rank();
+  int shapes = 0;
+  for (int tp : {1, 2})
+    for (int ep : {1, 2, 3, 4})
+      for (int etp : {1, 2}) {
+        const distopt::mesh_shape s{tp, ep, etp};
+        if (d % tp != 0 || d % (ep * etp) != 0) continue;
+        ++shapes;
+        distopt::mesh<mpi> m = distopt::make_mesh(world, s);
+        const std::array<int, 5> index{m.at.tp, m.at.dp, m.at.etp, m.at.ep, m.at.edp};
+        mpi* groups[] = {&m.tp, &m.dp, &m.etp, &m.ep, &m.edp};
+        for (int axis = 0; axis < 5; ++axis) {
+          BOOST_TEST_CONTEXT("tp " << tp << " ep " << ep << " etp " << etp << " axis " << axis) {
+            const mesh_test::seen g = mesh_test::look_at(*groups[axis], w);
+            BOOST_TEST(g.members == mesh_test::expected_group(d, s, w, axis), boost::test_tools::per_element());
+            BOOST_TEST(g.rank == index[static_cast<std::size_t>(axis)]);
+          }
+        }
+      }
+  BOOST_TEST(shapes >= 2);  // at least tp = 1 with ep = 1, and ep = d or tp = 2
 }
 
 BOOST_AUTO_TEST_CASE(bytes_sent_follows_the_ring_model) {

@@ -14,6 +14,8 @@
 // wait for the communicator's non-blocking stream: a collective that returned before its
 // work was done shows up as a wrong result, not as a lucky pass.
 
+#include <distopt/comm/mesh.hpp>
+
 #include "nccl_test_support.hpp"
 
 #include <chrono>
@@ -41,6 +43,7 @@ using distopt::reduce_op;
 static_assert(distopt::communicator<nccl>, "distopt::nccl must model distopt::communicator");
 static_assert(distopt::async_communicator<nccl>, "distopt::nccl must model distopt::async_communicator");
 static_assert(!std::is_copy_constructible_v<nccl> && std::is_nothrow_move_constructible_v<nccl>);
+static_assert(distopt::splittable_communicator<nccl>, "distopt::make_mesh must build its groups over distopt::nccl");
 
 constexpr std::size_t sizes[] = {1, 7, 4097, 1u << 20};
 constexpr reduce_op ops[] = {reduce_op::sum, reduce_op::avg, reduce_op::max};
