@@ -9,9 +9,10 @@
 ///  - expert tensors: etp ranks split each expert, ep ranks hold different experts, and
 ///    edp = world / (etp * ep) ranks hold the same experts (expert data parallel); world rank
 ///    r = (edp_index * ep + ep_index) * etp + etp_index.
-/// With etp = tp an expert's tensor-parallel group is the dense one. A dense bucket is
-/// reduced over `dp`, an expert bucket over `edp`; every group comes from `split`, so it
-/// works for every communicator that has one (threads, mpi, nccl).
+/// With etp = tp an expert's tensor-parallel group is the dense one. The dense tensors'
+/// gradients are reduced over `dp`, the experts' over `edp` (today: one optimizer over
+/// each, docs/experts.md). Every group comes from `split`, so it works for every
+/// communicator that has one (threads, mpi, nccl).
 ///
 ///     distopt::mesh<distopt::threads> m = distopt::make_mesh(world, {.tp = 2, .ep = 4});
 ///     // m.dp: the dense data-parallel group; m.edp: the ranks holding the same experts
