@@ -542,7 +542,7 @@ struct projection_stage {
   mutable std::vector<projected_matrix> matrices_;  // the projected matrices
   mutable std::vector<device_matrix> device_;       // their memory in the executor's
   buffer<float, Exec> work_dev_;  // one matrix's gradient, low-rank, update and a product between
-  buffer<float, Exec> gathered_;  // a sharded bucket's fp32 reduced grads, gathered (reduce_each)
+  buffer<float, Exec> gathered_;  // a sharded bucket's fp32 reduced grads, gathered (reduce_each, grad_reduce_in_fp32)
   std::vector<std::array<std::vector<float>, 3>> ortho_staging_;  // projections being loaded
 };
 
