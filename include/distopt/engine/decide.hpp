@@ -74,13 +74,10 @@ void prepare_groups(Ctx& c) {
   }
 }
 
-/// Decides the step in the executor's memory: the grads reduced, the norm's wire image
-/// (unless clip_grad_norm gave the norm, or nothing needs it), the decide phase, the master
-/// weights' first load, each group's scalars (`OnExecutor`: prepare_groups).
-template <bool OnExecutor, class Ctx>
-void decide(Ctx& c) {
-  push_decisions(c);
-  reduce_grads(c);
+/// The constants of this step's decision (engine/decisions.hpp), from the options, the
+/// loss scaler and clip_grad_norm's result.
+template <class Ctx>
+step_rules rules_of(const Ctx& c) {
   step_rules rules;
   rules.check = c.options_.check_finite || c.scaler_;
   rules.scaler = c.scaler_.has_value();
@@ -97,7 +94,17 @@ void decide(Ctx& c) {
     rules.clip_coef = c.clip_->coef;
   }
   rules.master = c.uses_master();
-  const double* wire = !c.clip_ && (rules.check || rules.max_norm > 0.0) ? norm_wire(c) : nullptr;
+  return rules;
+}
+
+/// Whether the decision needs the norm computed here (clip_grad_norm gave it otherwise).
+inline bool needs_norm(const step_rules& r) noexcept { return !r.clip && (r.check || r.max_norm > 0.0); }
+
+/// Decides the step in the executor's memory from `wire` (the all-reduced squared norm in
+/// the executor's memory, or null): the decide phase, the master weights' first load, each
+/// group's scalars (`OnExecutor`: prepare_groups). The grads were reduced.
+template <bool OnExecutor, class Ctx>
+void decide_from(Ctx& c, const step_rules& rules, const double* wire) {
   c.clip_.reset();
   next_step_grads(c);
   decide_phase decide;
@@ -109,6 +116,16 @@ void decide(Ctx& c) {
   c.params_told_ = 0;
   if (c.uses_master()) launch_master_load(c, c.control_.data());  // loads at the first step taken
   prepare_groups<OnExecutor>(c);
+}
+
+/// Decides the step in the executor's memory: the grads reduced, the norm's wire image
+/// (unless clip_grad_norm gave the norm, or nothing needs it), then decide_from.
+template <bool OnExecutor, class Ctx>
+void decide(Ctx& c) {
+  push_decisions(c);
+  reduce_grads(c);
+  const step_rules rules = rules_of(c);
+  decide_from<OnExecutor>(c, rules, needs_norm(rules) ? norm_wire(c) : nullptr);
 }
 
 /// Whether the host reads this step's decision before the stages run: on executors of host
