@@ -13,6 +13,7 @@
 #include "exec/emulated.hpp"
 #endif
 #include "exec/transfer.hpp"
+#include "joint_step.hpp"
 #include "layout/registry.hpp"
 #include "loss_scaler.hpp"
 #include "memory_report.hpp"
