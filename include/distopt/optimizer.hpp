@@ -431,10 +431,7 @@ class optimizer {
     detail::end_param_gathers(ctx_, "step()");
     ++ctx_.step_calls_;
     detail::decide<stages_type::prepares_on_executor>(ctx_);
-    stages_.run(ctx_);
-    detail::finish_step(ctx_);
-    if constexpr (host_memory<Exec>) return step_outcome(ctx_.step_calls_);
-    else return step_ticket<optimizer>(*this, ctx_.step_calls_);
+    return run_decided();
   }
   /// The first half of a step decided on a norm that spans more optimizers than this one
   /// (distopt::joint_step, <distopt/joint_step.hpp>, calls it): reduces the grads and
@@ -442,37 +439,13 @@ class optimizer {
   /// over `across` too when given (ranks of the same kind of optimizer that hold other
   /// tensors: the expert-parallel group). Collective. A part that is not `computed()`
   /// when this optimizer needs no norm.
-  norm_part begin_joint_step(Comm* across = nullptr) {
-    detail::end_param_gathers(ctx_, "joint_step()");
-    if (ctx_.clip_)
-      throw std::logic_error("distopt::joint_step: clip_grad_norm was called on one optimizer, and gives its norm "
-                             "alone; clip a joint step by optimizer_options::max_grad_norm, set the same on each");
-    detail::push_decisions(ctx_);
-    detail::reduce_grads(ctx_);
-    if (!detail::needs_norm(detail::rules_of(ctx_))) return norm_part(false);
-    norm_part part;
-    detail::copy_bytes(ctx_.exec_, part.wire().data(), detail::norm_wire(ctx_), sizeof(double) * norm_part::wire_size);
-    if (across && across->size() > 1) ctx_.comms_.all_reduce_host(ctx_.exec_, *across, part.wire(), reduce_op::sum);
-    return part;
-  }
+  norm_part begin_joint_step(Comm* across = nullptr) { return detail::norm_part_of(ctx_, across); }
   /// The second half: the step decided on `total`, every optimizer's part added (the same
   /// on every rank of every optimizer of the joint step). Collective.
   step_return end_joint_step(const norm_part& total) {
     ++ctx_.step_calls_;
-    const detail::step_rules rules = detail::rules_of(ctx_);
-    const double* wire = nullptr;
-    if (detail::needs_norm(rules)) {
-      if (!total.computed())
-        throw std::logic_error("distopt::joint_step: this optimizer checks finiteness or clips, and the total "
-                               "norm holds no part");
-      detail::copy_bytes(ctx_.exec_, ctx_.norm_wire_.data(), total.wire().data(), sizeof(double) * norm_part::wire_size);
-      wire = ctx_.norm_wire_.data();
-    }
-    detail::decide_from<stages_type::prepares_on_executor>(ctx_, rules, wire);
-    stages_.run(ctx_);
-    detail::finish_step(ctx_);
-    if constexpr (host_memory<Exec>) return step_outcome(ctx_.step_calls_);
-    else return step_ticket<optimizer>(*this, ctx_.step_calls_);
+    detail::decide_on<stages_type::prepares_on_executor>(ctx_, total);
+    return run_decided();
   }
   /// The outcome of step() call `call` (counting from 1): what a step_ticket reads.
   /// Throws std::logic_error when another step has been taken since.
@@ -548,6 +521,14 @@ class optimizer {
     if (is_sharded && ctx_.comm_.size() > 1)
       throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " + std::string(what) +
                              " of '" + std::string(name) + "'; use local_" + what);
+  }
+
+  /// The stages of a step just decided, then what every step ends with; its result.
+  step_return run_decided() {
+    stages_.run(ctx_);
+    detail::finish_step(ctx_);
+    if constexpr (host_memory<Exec>) return step_outcome(ctx_.step_calls_);
+    else return step_ticket<optimizer>(*this, ctx_.step_calls_);
   }
 
   // What a wrapping optimizer (offload.hpp) reaches: the step's context and stages.

@@ -10,9 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../norm_part.hpp"
 #include "collectives.hpp"
 #include "decisions.hpp"
 #include "elementwise.hpp"
@@ -126,6 +128,40 @@ void decide(Ctx& c) {
   reduce_grads(c);
   const step_rules rules = rules_of(c);
   decide_from<OnExecutor>(c, rules, needs_norm(rules) ? norm_wire(c) : nullptr);
+}
+
+/// A joint step's first half (distopt::joint_step): the grads reduced, and this
+/// optimizer's part of the norm, its exact sum of squares over its DP and TP ranks, summed
+/// over `across` too when given; a part not computed() when its decision needs no norm.
+template <class Ctx, class Comm>
+norm_part norm_part_of(Ctx& c, Comm* across) {
+  end_param_gathers(c, "joint_step()");
+  if (c.clip_)
+    throw std::logic_error("distopt::joint_step: clip_grad_norm was called on one optimizer, and gives its norm "
+                           "alone; clip a joint step by optimizer_options::max_grad_norm, set the same on each");
+  push_decisions(c);
+  reduce_grads(c);
+  if (!needs_norm(rules_of(c))) return norm_part(false);
+  norm_part part;
+  copy_bytes(c.exec_, part.wire().data(), norm_wire(c), sizeof(double) * norm_part::wire_size);
+  if (across && across->size() > 1) c.comms_.all_reduce_host(c.exec_, *across, part.wire(), reduce_op::sum);
+  return part;
+}
+
+/// A joint step's decision, on `total` (every optimizer's part added, the same on every
+/// rank): decide_from with it copied to the executor's memory.
+template <bool OnExecutor, class Ctx>
+void decide_on(Ctx& c, const norm_part& total) {
+  const step_rules rules = rules_of(c);
+  const double* wire = nullptr;
+  if (needs_norm(rules)) {
+    if (!total.computed())
+      throw std::logic_error("distopt::joint_step: this optimizer checks finiteness or clips, and the total "
+                             "norm holds no part");
+    copy_bytes(c.exec_, c.norm_wire_.data(), total.wire().data(), sizeof(double) * norm_part::wire_size);
+    wire = c.norm_wire_.data();
+  }
+  decide_from<OnExecutor>(c, rules, wire);
 }
 
 /// Whether the host reads this step's decision before the stages run: on executors of host
