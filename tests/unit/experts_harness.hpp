@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Copyright 2026 the distopt authors
-// The harness of ctest `experts` (experts.cpp, experts_muon.cpp). A mixture-of-experts model on the two grids of make_mesh (comm/mesh.hpp), ranks as
+// The harness of ctest `experts` (experts.cpp, experts_muon.cpp) and mpi.experts. A
+// mixture-of-experts model on the two grids of make_mesh (comm/mesh.hpp), ranks as
 // threads: the dense tensors in one optimizer over the dense grid (TP x DP), this rank's
 // experts, each a tensor of its own, in a second one over the expert grid (ETP x EP x
 // expert-DP), stepped together by joint_step on one global norm. Against the run that holds
@@ -51,10 +52,12 @@ inline std::vector<tp_tensor> expert_tensors() {  // one expert's; each expert h
           {{20}, tp_split::none}};         // its bias: replicated over ETP
 }
 
-/// Global tensor ids (for grad_value and the results): dense i, then expert e's j.
+/// Global tensor ids (for grad_value and the results): dense i, then expert e's j. The
+/// lists' sizes are counted once (grad_at asks for an id per element).
 inline std::size_t dense_id(std::size_t i) { return i; }
 inline std::size_t expert_id(int e, std::size_t j) {
-  return dense_tensors().size() + static_cast<std::size_t>(e) * expert_tensors().size() + j;
+  static const std::size_t dense = dense_tensors().size(), each = expert_tensors().size();
+  return dense + static_cast<std::size_t>(e) * each + j;
 }
 inline std::string dense_name(std::size_t i) { return "dense" + std::to_string(i); }
 inline std::string expert_name(int e, std::size_t j) { return "expert" + std::to_string(e) + ".w" + std::to_string(j); }
