@@ -33,6 +33,15 @@ inline void check_joint_options(const optimizer_options& a, const optimizer_opti
                        a.loss_scale->growth_interval != b.loss_scale->growth_interval))
     refuse("the loss scaler's constants");
 }
+
+template <class Dense, class Experts>
+typename Dense::step_return joint_step_across(Dense& dense, Experts& experts, typename Experts::comm_type* ep) {
+  check_joint_options(dense.options(), experts.options());
+  norm_part total = dense.begin_joint_step();
+  total += experts.begin_joint_step(ep);
+  experts.end_joint_step(total);
+  return dense.end_joint_step(total);
+}
 }  // namespace detail
 
 /// One step of `dense` and `experts`, decided together: the global gradient norm counts
@@ -46,11 +55,15 @@ inline void check_joint_options(const optimizer_options& a, const optimizer_opti
 /// optimizer's norm alone). Returns `dense`'s result; `experts` decides the same.
 template <class Dense, class Experts>
 typename Dense::step_return joint_step(Dense& dense, Experts& experts, typename Experts::comm_type& ep) {
-  detail::check_joint_options(dense.options(), experts.options());
-  norm_part total = dense.begin_joint_step();
-  total += experts.begin_joint_step(&ep);
-  experts.end_joint_step(total);
-  return dense.end_joint_step(total);
+  return detail::joint_step_across(dense, experts, &ep);
+}
+
+/// joint_step over the expert-parallel group that `experts` was given
+/// (set_expert_parallel_group); without one, its expert tensors (layout::add_experts) must
+/// be every expert.
+template <class Dense, class Experts>
+typename Dense::step_return joint_step(Dense& dense, Experts& experts) {
+  return detail::joint_step_across(dense, experts, static_cast<typename Experts::comm_type*>(nullptr));
 }
 
 /// One rank's memory of a model held by `dense` and `experts` (joint_step's optimizers):

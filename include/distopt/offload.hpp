@@ -192,6 +192,7 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   using host_optimizer::statistics_bytes;
   using host_optimizer::set_model_parallel_group;
   using host_optimizer::set_tensor_parallel_group;
+  using host_optimizer::set_expert_parallel_group;
   using host_optimizer::communicator;
   using host_optimizer::state;
   using host_optimizer::local_state;
@@ -376,19 +377,20 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
   /// params too) and steps the host optimizer; stages 0-2 copy each bucket of updated
   /// params to the device as the host finishes it, and return when all are there.
   step_result step() {
-    step_result r;
-    if constexpr (zero_stage < 3) {
-      if (!params_on_host_) copy_params(true);
-      param_sender send(*this);
-      on_host([&] { r = host().step(); });
-      send.rest();
-    } else {
-      on_host([&] { r = host().step(); });
-    }
-    params_on_host_ = true;
-    return_grads();
-    next_step();
-    return r;
+    return step_by([this] { return host().step(); });
+  }
+  /// What step() returns (the host has stepped when it returns).
+  using step_return = step_result;
+  /// The halves of a step decided on a norm over more optimizers (distopt::joint_step), as
+  /// the host optimizer's: the first copies the grads that no hook copied to the host and
+  /// returns the host's part of the norm; the second steps as step() does.
+  norm_part begin_joint_step(Comm* across = nullptr) {
+    norm_part part;
+    on_host([&] { part = host().begin_joint_step(across); });
+    return part;
+  }
+  step_result end_joint_step(const norm_part& total) {
+    return step_by([&] { return host().end_joint_step(total); });
   }
 
   /// Loads a checkpoint into the host optimizer (as its load) and copies its params to the device.
@@ -553,6 +555,24 @@ class optimizer<Policy, Storage, Comm, offload<Device>, Precision>
       if (pushing) pushed_ = false;
       throw;
     }
+  }
+  /// step() with `host_step` as the host optimizer's step: stages 0-2 copy each bucket of
+  /// updated params to the device as the host finishes it, and return when all are there.
+  template <class HostStep>
+  step_result step_by(HostStep&& host_step) {
+    step_result r;
+    if constexpr (zero_stage < 3) {
+      if (!params_on_host_) copy_params(true);
+      param_sender send(*this);
+      on_host([&] { r = host_step(); });
+      send.rest();
+    } else {
+      on_host([&] { r = host_step(); });
+    }
+    params_on_host_ = true;
+    return_grads();
+    next_step();
+    return r;
   }
   /// Every grad no hook copied, in one copy at stages 0-1 when no hook ran.
   void push_grads() {

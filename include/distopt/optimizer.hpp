@@ -380,6 +380,17 @@ class optimizer {
     stages_.init_geometry(ctx_);
   }
 
+  /// Sets the expert-parallel group of an optimizer of expert tensors (layout::add_experts):
+  /// the ranks that hold the other experts, each as many as this one (mesh::ep). A joint
+  /// step then sums the experts' norm over it (joint_step(dense, experts)), and a
+  /// checkpoint holds every expert: each rank's experts are boxes of the logical tensors,
+  /// which reload on another expert-parallel size. Collective over `group`.
+  void set_expert_parallel_group(Comm group) {
+    ctx_.check_same_stream(group, "the expert-parallel group");
+    detail::check_experts_held(ctx_.layout_, group.size(), "distopt::optimizer::set_expert_parallel_group");
+    ctx_.ep_.emplace(std::move(group));
+  }
+
   /// Sets every grad to zero.
   /// ZeRO-2: the buckets' pooled buffers that hold grads are zeroed too, and the
   /// overlap hooks start the step afresh.
@@ -437,8 +448,8 @@ class optimizer {
   /// (distopt::joint_step, <distopt/joint_step.hpp>, calls it): reduces the grads and
   /// returns the exact sum of their squares over this optimizer's ranks (DP and TP), summed
   /// over `across` too when given (ranks of the same kind of optimizer that hold other
-  /// tensors: the expert-parallel group). Collective. A part that is not `computed()`
-  /// when this optimizer needs no norm.
+  /// tensors; by default, the expert-parallel group when one is set). Collective. A part
+  /// that is not `computed()` when this optimizer needs no norm.
   norm_part begin_joint_step(Comm* across = nullptr) { return detail::norm_part_of(ctx_, across); }
   /// The second half: the step decided on `total`, every optimizer's part added (the same
   /// on every rank of every optimizer of the joint step). Collective.

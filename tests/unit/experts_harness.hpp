@@ -3,8 +3,8 @@
 // The harness of ctest `experts` (experts.cpp, experts_muon.cpp) and mpi.experts. A
 // mixture-of-experts model on the two grids of make_mesh (comm/mesh.hpp), ranks as
 // threads: the dense tensors in one optimizer over the dense grid (TP x DP), this rank's
-// experts, each a tensor of its own, in a second one over the expert grid (ETP x EP x
-// expert-DP), stepped together by joint_step on one global norm. Against the run that holds
+// experts (layout::add_experts: each expert a tensor of its own) in a second one over the
+// expert grid (ETP x EP x expert-DP), stepped together by joint_step on one global norm. Against the run that holds
 // every expert in one optimizer on the TP ranks alone (dp = ep = 1), bit for bit: params,
 // slot-0 states, each step's norm and skips, with clipping by max_grad_norm on and a NaN
 // planted in one expert at one step. That run's norms are held to a float64 recomputation of
@@ -60,7 +60,9 @@ inline std::size_t expert_id(int e, std::size_t j) {
   return dense + static_cast<std::size_t>(e) * each + j;
 }
 inline std::string dense_name(std::size_t i) { return "dense" + std::to_string(i); }
-inline std::string expert_name(int e, std::size_t j) { return "expert" + std::to_string(e) + ".w" + std::to_string(j); }
+/// Expert tensor j is the logical tensor "w<j>" of experts_total experts (layout::add_experts).
+inline std::string expert_logical(std::size_t j) { return "w" + std::to_string(j); }
+inline std::string expert_name(int e, std::size_t j) { return distopt::expert_tensor_name(expert_logical(j), e); }
 
 inline std::size_t numel(const tp_tensor& x) {
   std::size_t n = 1;
@@ -80,14 +82,17 @@ struct moe_result {
   bool ranks_agree = true;  // every rank's step results had rank 0's bits
 };
 
-/// One tensor registered as a TP part of tp, with params of type P.
+/// One tensor registered as a TP part of tp, with params of type P: a dense one, or
+/// (`expert` >= 0) that expert of expert tensor `name`.
 template <class P>
-void add_tensor(distopt::layout& l, const std::string& name, const tp_tensor& x, int tp) {
+void add_tensor(distopt::layout& l, const std::string& name, const tp_tensor& x, int tp, int expert = -1) {
   auto shape = x.shape;
   const tp_split split = tp > 1 ? x.split : tp_split::none;
   if (split == tp_split::rows) shape.front() /= tp;
   if (split == tp_split::cols) shape.back() /= tp;
-  l.add(name, shape, distopt::dtype_of<P>, shape.size() == 2 ? 0 : 1, split);
+  const int group = shape.size() == 2 ? 0 : 1;
+  if (expert < 0) l.add(name, shape, distopt::dtype_of<P>, group, split);
+  else l.add_experts(name, experts_total, {expert, 1}, shape, distopt::dtype_of<P>, group, split);
 }
 
 /// Two groups: the matrices (group 0) and the rest (group 1), with the policy's defaults;
@@ -113,6 +118,25 @@ struct part {
   std::string name;
   std::size_t id;
   const tp_tensor* x;
+  int expert = -1;  // expert `expert` of expert tensor `logical`
+  std::string logical;
+};
+template <class P>
+void add_part(distopt::layout& l, const part& p, int tp) {
+  add_tensor<P>(l, p.expert < 0 ? p.name : p.logical, *p.x, tp, p.expert);
+}
+
+/// Which steps a run takes, and what it does with the two optimizers (dense, experts) before
+/// the first (a checkpoint loaded) and after the last (one saved).
+struct no_hook {
+  template <class Opt>
+  void operator()(Opt&, Opt&) const {}
+};
+template <class Before = no_hook, class After = no_hook>
+struct run_span {
+  int from = 0, to = steps;
+  Before before{};
+  After after{};
 };
 
 template <class Opt>
@@ -176,29 +200,32 @@ inline void record(moe_result& r, std::mutex& m, int rank, int step, const disto
 
 /// One rank's run, on world `w` of communicator type Comm: every tensor in one optimizer
 /// over `tp` ranks (the reference, w of tp ranks), or, with `ep` given, the dense and expert
-/// optimizers over make_mesh(w, {tp, ep, etp = tp}) stepped by joint_step. Writes this
-/// rank's parts into `r` under `m` (rank 0 also its norms and skips) and returns its norms
-/// (-1 where the expert optimizer's step count left the dense one's).
-template <class Policy, class Storage, class Precision, class Comm>
-std::vector<double> run_rank(Comm& w, int tp, std::optional<int> ep, moe_result& r, std::mutex& m) {
+/// optimizers over make_mesh(w, {tp, ep, etp = tp}) stepped by joint_step over the steps of
+/// `span`, with its hooks. Writes this rank's parts into `r` under `m` (rank 0 also its
+/// norms and skips) and returns its norms (-1 where the expert optimizer's step count left
+/// the dense one's).
+template <class Policy, class Storage, class Precision, class Exec = distopt::cpu, class Comm, class Span = run_span<>>
+std::vector<double> run_rank(Comm& w, int tp, std::optional<int> ep, moe_result& r, std::mutex& m, const Span& span = {}) {
   using namespace distopt;
-  using opt = optimizer<Policy, Storage, Comm, cpu, Precision>;
+  using ref_opt = optimizer<Policy, Storage, Comm, cpu, Precision>;
+  using opt = optimizer<Policy, Storage, Comm, Exec, Precision>;
   using P = typename opt::param_type;
   const auto dense = dense_tensors(), expert = expert_tensors();
   mesh<Comm> g = make_mesh(w, {.tp = tp, .ep = ep.value_or(1), .etp = tp});
   const int t = g.at.tp;
   std::vector<part> dense_parts, expert_parts;
-  for (std::size_t i = 0; i < dense.size(); ++i) dense_parts.push_back({dense_name(i), dense_id(i), &dense[i]});
+  for (std::size_t i = 0; i < dense.size(); ++i) dense_parts.push_back({dense_name(i), dense_id(i), &dense[i], -1, {}});
   const expert_range mine = ep ? g.experts(experts_total) : expert_range{0, experts_total};
   for (int e = mine.first; e < mine.first + mine.count; ++e)
-    for (std::size_t j = 0; j < expert.size(); ++j) expert_parts.push_back({expert_name(e, j), expert_id(e, j), &expert[j]});
+    for (std::size_t j = 0; j < expert.size(); ++j)
+      expert_parts.push_back({expert_name(e, j), expert_id(e, j), &expert[j], e, expert_logical(j)});
   std::vector<double> norms;
   if (!ep) {  // the reference: one optimizer, every expert
     layout l;
     std::vector<part> all = dense_parts;
     all.insert(all.end(), expert_parts.begin(), expert_parts.end());
-    for (const part& p : all) add_tensor<P>(l, p.name, *p.x, tp);
-    opt o(l, groups<Policy>(), options(), make_executor<cpu>(1), std::move(g.dp));
+    for (const part& p : all) add_part<P>(l, p, tp);
+    ref_opt o(l, groups<Policy>(), options(), make_executor<cpu>(1), std::move(g.dp));
     if (tp > 1) o.set_tensor_parallel_group(std::move(g.tp));
     write_params(o, all, t, tp);
     for (int s = 0; s < steps; ++s) {
@@ -212,24 +239,27 @@ std::vector<double> run_rank(Comm& w, int tp, std::optional<int> ep, moe_result&
     return norms;
   }
   layout ld, le;
-  for (const part& p : dense_parts) add_tensor<P>(ld, p.name, *p.x, tp);
-  for (const part& p : expert_parts) add_tensor<P>(le, p.name, *p.x, tp);
-  opt d(ld, groups<Policy>(), options(), make_executor<cpu>(1), std::move(g.dp));
-  opt x(le, groups<Policy>(), options(), make_executor<cpu>(1), std::move(g.edp));
+  for (const part& p : dense_parts) add_part<P>(ld, p, tp);
+  for (const part& p : expert_parts) add_part<P>(le, p, tp);
+  opt d(ld, groups<Policy>(), options(), make_executor<Exec>(1), std::move(g.dp));
+  opt x(le, groups<Policy>(), options(), make_executor<Exec>(1), std::move(g.edp));
   if (tp > 1) {
     d.set_tensor_parallel_group(std::move(g.tp));
     x.set_tensor_parallel_group(std::move(g.etp));
   }
+  x.set_expert_parallel_group(std::move(g.ep));
   write_params(d, dense_parts, t, tp);
   write_params(x, expert_parts, g.at.etp, tp);
-  for (int s = 0; s < steps; ++s) {
+  span.before(d, x);
+  for (int s = span.from; s < span.to; ++s) {
     write_grads(d, dense_parts, t, tp, s, g.at.dp == 0);
     write_grads(x, expert_parts, g.at.etp, tp, s, g.at.edp == 0);
-    const step_result res = joint_step(d, x, g.ep);
+    const step_result res = joint_step(d, x);
     record(r, m, w.rank(), s, res);
     norms.push_back(res.grad_norm);
     if (x.step_count() != d.step_count()) norms.back() = -1.0;  // the experts decided otherwise
   }
+  span.after(d, x);
   std::lock_guard<std::mutex> lock(m);
   read_back(d, dense_parts, t, tp, g.at.dp == 0, r);
   read_back(x, expert_parts, g.at.etp, tp, g.at.edp == 0, r);
@@ -245,17 +275,17 @@ inline bool ranks_agree(const std::vector<std::vector<double>>& seen, const std:
 }
 
 /// run_rank on `world` ranks as threads.
-template <class Policy, class Storage, class Precision>
-moe_result run(int tp, int world, std::optional<int> ep) {
+template <class Policy, class Storage, class Precision, class Exec = distopt::cpu, class Span = run_span<>>
+moe_result run(int tp, int world, std::optional<int> ep, const Span& span = {}) {
   moe_result r = empty_result();
   std::vector<std::vector<double>> seen(static_cast<std::size_t>(world));  // each rank's norms
   std::mutex m;
   distopt::run_ranks(world, [&](distopt::threads& w) {
-    std::vector<double> norms = run_rank<Policy, Storage, Precision>(w, tp, ep, r, m);
+    std::vector<double> norms = run_rank<Policy, Storage, Precision, Exec>(w, tp, ep, r, m, span);
     std::lock_guard<std::mutex> lock(m);
     seen[static_cast<std::size_t>(w.rank())] = std::move(norms);
   });
-  r.ranks_agree = ranks_agree(seen, r.norms);
+  r.ranks_agree = ranks_agree(seen, std::vector<double>(r.norms.begin() + span.from, r.norms.begin() + span.to));
   return r;
 }
 
@@ -286,8 +316,8 @@ struct grid {
   int tp, ep, world;
 };
 
-/// Every (TP, EP, DP) grid against its TP's reference.
-template <class Policy, class Storage, class Precision = distopt::precision<float>>
+/// Every (TP, EP, DP) grid, its optimizers on executor Exec, against its TP's reference (on cpu).
+template <class Policy, class Storage, class Precision = distopt::precision<float>, class Exec = distopt::cpu>
 void check_grids() {
   for (int tp : {1, 2}) {
     const moe_result ref = run<Policy, Storage, Precision>(tp, tp, std::nullopt);
@@ -302,7 +332,7 @@ void check_grids() {
       if (g.world > 8) continue;
       BOOST_TEST_CONTEXT("tp " << g.tp << ", ep " << g.ep << ", world " << g.world << " (dp " << g.world / g.tp
                                << ", expert-DP " << g.world / (g.tp * g.ep) << ")") {
-        const moe_result r = run<Policy, Storage, Precision>(g.tp, g.world, g.ep);
+        const moe_result r = run<Policy, Storage, Precision, Exec>(g.tp, g.world, g.ep);
         BOOST_TEST(r.ranks_agree);
         BOOST_TEST(std::memcmp(r.norms.data(), ref.norms.data(), steps * sizeof(double)) == 0);
         BOOST_TEST(r.skipped == ref.skipped, boost::test_tools::per_element());

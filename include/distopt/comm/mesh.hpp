@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../layout/registry.hpp"  // expert_range
 
 namespace distopt {
 
@@ -80,10 +81,6 @@ inline mesh_coords mesh_coords_of(int rank, int world, const mesh_shape& s) {
 /// The experts of `experts` that the ranks at expert-parallel index `ep_index` (of `ep`)
 /// hold: [first, first + count), whole experts in order. Throws std::invalid_argument when
 /// ep does not divide the number of experts.
-struct expert_range {
-  int first = 0;
-  int count = 0;
-};
 inline expert_range experts_of(int experts, int ep, int ep_index) {
   if (experts < 1 || ep < 1 || experts % ep != 0)
     throw std::invalid_argument("distopt::experts_of: " + std::to_string(experts) + " experts do not split into ep = " +

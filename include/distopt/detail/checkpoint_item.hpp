@@ -33,6 +33,7 @@ struct tp_box {
 struct checkpoint_item {
   std::string name;
   std::string tensor;                ///< the layout tensor it belongs to
+  std::string key;                   ///< its tensor's key in the identity ("tensor NAME", "experts NAME")
   std::string dtype;                 ///< safetensors dtype: F32, BF16, F16, U8
   std::size_t element_size = 4;
   std::uint64_t total = 0;           ///< elements of the whole vector

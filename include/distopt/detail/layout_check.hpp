@@ -8,9 +8,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../config.hpp"
@@ -24,6 +26,22 @@ namespace distopt::detail {
 DISTOPT_CORE_FN std::string describe_tensor(const tensor_slot& t);
 /// describe_tensor without the TP split, with `shape` in place of the slot's.
 DISTOPT_CORE_FN std::string describe_tensor_shape(const tensor_slot& t, const std::vector<std::int64_t>& shape);
+
+/// Throws std::logic_error unless this optimizer's expert tensors, over `ep` ranks that
+/// each hold as many, are every expert: what a checkpoint or a norm over the experts needs.
+inline void check_experts_held(const layout& l, int ep, const char* who) {
+  std::map<std::string, std::pair<int, int>, std::less<>> held;  // experts held, of how many
+  for (const tensor_slot& t : l.tensors())
+    if (!t.experts_of.empty()) held[t.experts_of] = {held[t.experts_of].first + 1, t.experts};
+  for (const auto& [name, ne] : held) {
+    const auto [n, e] = ne;
+    if (n * ep != e)
+      throw std::logic_error(std::string(who) + ": this optimizer holds " + std::to_string(n) + " of the " +
+                             std::to_string(e) + " experts of '" + name + "' over an expert-parallel group of " +
+                             std::to_string(ep) + (ep == 1 ? " rank" : " ranks") +
+                             "; give it the ranks that hold the others (set_expert_parallel_group(m.ep))");
+  }
+}
 
 inline std::uint64_t fnv1a(std::uint64_t h, const std::string& s) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;

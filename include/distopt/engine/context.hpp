@@ -332,6 +332,7 @@ struct context : context_host {
   Comm comm_;
   std::optional<Comm> model_parallel_;
   std::optional<Comm> tp_;  // the tensor-parallel group (set_tensor_parallel_group)
+  std::optional<Comm> ep_;  // the expert-parallel group (set_expert_parallel_group)
   comm_adapter<Comm, Exec> comms_;  // how collectives reach host and executor memory
   mutable std::optional<loss_scaler> scaler_;  // on a device executor, a copy of the device's (sync_decisions)
   buffer<param_type, Exec> params_;

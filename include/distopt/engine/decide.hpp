@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/layout_check.hpp"
 #include "../norm_part.hpp"
 #include "collectives.hpp"
 #include "decisions.hpp"
@@ -132,7 +133,8 @@ void decide(Ctx& c) {
 
 /// A joint step's first half (distopt::joint_step): the grads reduced, and this
 /// optimizer's part of the norm, its exact sum of squares over its DP and TP ranks, summed
-/// over `across` too when given; a part not computed() when its decision needs no norm.
+/// over `across` too when given, else over the expert-parallel group when one is set; a
+/// part not computed() when its decision needs no norm.
 template <class Ctx, class Comm>
 norm_part norm_part_of(Ctx& c, Comm* across) {
   end_param_gathers(c, "joint_step()");
@@ -144,6 +146,8 @@ norm_part norm_part_of(Ctx& c, Comm* across) {
   if (!needs_norm(rules_of(c))) return norm_part(false);
   norm_part part;
   copy_bytes(c.exec_, part.wire().data(), norm_wire(c), sizeof(double) * norm_part::wire_size);
+  if (!across && c.ep_) across = &*c.ep_;
+  check_experts_held(c.layout_, across ? across->size() : 1, "distopt::joint_step");
   if (across && across->size() > 1) c.comms_.all_reduce_host(c.exec_, *across, part.wire(), reduce_op::sum);
   return part;
 }

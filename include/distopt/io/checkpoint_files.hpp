@@ -275,12 +275,12 @@ inline std::string other_optimizer(const std::filesystem::path& dir, const disto
   std::set<std::string, std::less<>> ours;
   for (const auto& [k, v] : sc.identity) {
     if (k == "policy" && held(k) != v) return "a checkpoint of " + held(k) + " (this optimizer is " + v + ")";
-    if (!k.starts_with("tensor ")) continue;
+    if (!k.starts_with("tensor ") && !k.starts_with("experts ")) continue;
     ours.insert(k);
     if (!theirs.identity.contains(k)) return "a checkpoint of another model (no " + k + ")";
   }
   for (const auto& [k, v] : theirs.identity)
-    if (k.starts_with("tensor ") && !ours.contains(k))
+    if ((k.starts_with("tensor ") || k.starts_with("experts ")) && !ours.contains(k))
       return "a checkpoint of another model (" + k + ", which this optimizer's layout does not have)";
   for (const auto& [k, v] : sc.whole) {
     const auto it = theirs.whole.find(k);
@@ -403,10 +403,13 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
     // What must match.
     const auto sc = party.scalars();
     // Another TP layout (TP size, or how a tensor is split): the parts' tensors differ, the
-    // whole tensors must not, and every part's files are read.
+    // whole tensors must not, and every part's files are read. So with expert tensors: a
+    // part's experts may have been saved by any part.
     const bool can_reshard = !index.whole.empty();  // indexes written before TP resharding cannot
-    bool reshard = index.tp_size != tps;
-    std::set<std::string, std::less<>> changed;  // tensors whose TP part differs from the saved one
+    const auto model_key = [](const std::string& k) { return k.starts_with("tensor ") || k.starts_with("experts "); };
+    bool reshard = index.tp_size != tps ||
+                   std::any_of(sc.identity.begin(), sc.identity.end(), [](const auto& kv) { return kv.first.starts_with("experts "); });
+    std::set<std::string, std::less<>> changed;  // keys of tensors whose TP part differs from the saved one
     if (reshard && !can_reshard)
       detail::fail(index_path, "was written with tensor-parallel size " + std::to_string(index.tp_size) +
                                    ", this optimizer has " + std::to_string(tps) +
@@ -415,16 +418,17 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
     for (const auto& [k, v] : sc.identity) {
       const auto it = index.identity.find(k);
       if (it == index.identity.end())
-        detail::fail(index_path, k.starts_with("tensor ") ? "holds no " + k.substr(0, 6) + " '" + k.substr(7) + "'"
-                                                          : "records no " + k);
-      if (it->second != v && k.starts_with("tensor ") && can_reshard) {
+        detail::fail(index_path, k.starts_with("tensor ")    ? "holds no tensor '" + k.substr(7) + "'"
+                                 : k.starts_with("experts ") ? "holds no expert tensor '" + k.substr(8) + "'"
+                                                             : "records no " + k);
+      if (it->second != v && model_key(k) && can_reshard) {
         reshard = true;
-        changed.insert(k.substr(7));
+        changed.insert(k);
       } else if (it->second != v)
         detail::fail(index_path, "was written with " + k + " " + it->second + ", this optimizer has " + v);
     }
     for (const auto& [k, v] : index.identity)
-      if (k.starts_with("tensor ") && std::none_of(sc.identity.begin(), sc.identity.end(), [&key = k](const auto& p) { return p.first == key; }))
+      if (model_key(k) && std::none_of(sc.identity.begin(), sc.identity.end(), [&key = k](const auto& p) { return p.first == key; }))
         detail::fail(index_path, "holds " + v + ", which this optimizer's layout does not have");
     if (reshard)
       for (const auto& [k, v] : sc.whole) {
@@ -537,7 +541,7 @@ inline void load_checkpoint(const checkpoint_party& party, const std::filesystem
       // this part was saved) is read from this part's files as without resharding; the
       // others through their boxes.
       if (reshard) {
-        bool own = t < index.tp_size && !changed.contains(it.tensor);
+        bool own = t < index.tp_size && !changed.contains(it.key);
         bool any = false;
         for (const auto& s : found->second)
           if (s.part == t) {

@@ -7,6 +7,7 @@
 /// column states, GaLore's low-rank states and projections); the scalars an index holds
 /// and their restoration; and the checkpoint_party of io/checkpoint_files.hpp over them.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -50,6 +51,33 @@ struct scalar_facts {
   std::optional<std::pair<double, std::int64_t>> scaler;  // loss scale, growth tracker
 };
 
+/// The key of tensor `t` in a checkpoint's identity: "tensor NAME", or for an expert tensor
+/// its logical tensor's, "experts NAME".
+inline std::string checkpoint_key(const tensor_slot& t) {
+  return t.experts_of.empty() ? "tensor " + t.name : "experts " + t.experts_of;
+}
+/// describe_tensor of an expert tensor's logical tensor: its experts' count and one
+/// expert's (TP part's) shape.
+inline std::string describe_experts(const tensor_slot& t) {
+  return "'" + t.experts_of + "' " + std::to_string(t.experts) + " experts of " + shape_string(t.shape) + " " +
+         std::string(dtype_name(t.dtype)) + " group " + std::to_string(t.group) + " tp " + tp_split_name(t.tp);
+}
+
+/// Each item's identity key, and an expert tensor's items placed in its logical tensor: each
+/// box gains the expert axis in front ([experts, ...], at this expert), so that a checkpoint
+/// reshards over expert-parallel sizes as it does over TP sizes. (A box left empty, 8-bit
+/// absmax of blocks a TP cut splits, stays empty: it loads on the saving layout only.)
+inline void place_items(const layout& l, std::vector<checkpoint_item>& items) {
+  for (checkpoint_item& it : items) {
+    const tensor_slot& t = l.find(it.tensor);
+    it.key = checkpoint_key(t);
+    if (t.experts_of.empty() || it.tp.whole.empty()) continue;
+    it.tp.whole.insert(it.tp.whole.begin(), t.experts);
+    it.tp.box.insert(it.tp.box.begin(), 1);
+    it.tp.offset.insert(it.tp.offset.begin(), t.expert);
+  }
+}
+
 /// The checkpoint's scalars: what must match on load (identity), what is restored (state).
 inline checkpoint_scalars checkpoint_scalars_of(const scalar_facts& f) {
   checkpoint_scalars s;
@@ -67,12 +95,24 @@ inline checkpoint_scalars checkpoint_scalars_of(const scalar_facts& f) {
   if (f.quantized) id("min_8bit_size", std::to_string(o.min_8bit_size));
   id("percentile_clipping", std::to_string(o.percentile_clipping));
   id("loss_scaling", f.scaler ? "dynamic" : "off");
-  id("tensors", std::to_string(tensors.size()));
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
+  // An expert tensor's experts are one logical tensor, which any expert-parallel size holds.
+  std::vector<std::size_t> listed;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].experts_of.empty() ||
+        std::none_of(listed.begin(), listed.end(), [&](std::size_t k) { return tensors[k].experts_of == tensors[i].experts_of; }))
+      listed.push_back(i);
+  id("tensors", std::to_string(listed.size()));
+  for (const std::size_t i : listed) {
     const tensor_slot& t = tensors[i];
-    id("tensor " + t.name, describe_tensor(t));
+    id(checkpoint_key(t), t.experts_of.empty() ? describe_tensor(t) : describe_experts(t));
     // Without the TP split: a tensor split otherwise on load is resharded, not refused.
-    s.whole.emplace_back("tensor " + t.name, describe_tensor_shape(t, f.whole_shapes[i]));
+    if (t.experts_of.empty()) s.whole.emplace_back(checkpoint_key(t), describe_tensor_shape(t, f.whole_shapes[i]));
+    else {
+      std::vector<std::int64_t> whole = f.whole_shapes[i];
+      whole.insert(whole.begin(), t.experts);
+      s.whole.emplace_back(checkpoint_key(t), "'" + t.experts_of + "' " + shape_string(whole) + " " +
+                                                  std::string(dtype_name(t.dtype)) + " group " + std::to_string(t.group));
+    }
   }
   const auto st = [&](std::string k, std::string v) { s.state.emplace_back(std::move(k), std::move(v)); };
   st("step", std::to_string(f.step));
@@ -425,6 +465,7 @@ struct checkpoint_access {
         add_slice_item(o, out, i, "clip_history", "F32", o.gnorm_vec_[i].data(), 100, 0, 100, {}, true);
       stage_items(o, stages, out, i);
     }
+    distopt::detail::place_items(o.layout_, out);
     return out;
   }
 
@@ -527,24 +568,29 @@ struct checkpoint_access {
     party_t p;
     p.rank = o.comm_.rank();
     p.size = o.comm_.size();
-    p.tp_rank = o.tp_ ? o.tp_->rank() : 0;
-    p.tp_size = o.tp_ ? o.tp_->size() : 1;
+    // The parts: TP parts, and over expert-parallel ranks the parts of other experts.
+    const int ep = o.ep_ ? o.ep_->size() : 1, tps = o.tp_ ? o.tp_->size() : 1;
+    distopt::detail::check_experts_held(o.layout_, ep, "distopt: checkpoint");
+    p.tp_rank = (o.ep_ ? o.ep_->rank() : 0) * tps + (o.tp_ ? o.tp_->rank() : 0);
+    p.tp_size = ep * tps;
     p.opt = &o;
     p.stages = &stages;
     p.all_max_fn = [](const party_t& p, std::span<double> v) {
       Opt& o = *static_cast<Opt*>(p.opt);
       o.comms_.all_reduce_host(o.exec_, o.comm_, v, reduce_op::max);
       if (o.tp_) o.comms_.all_reduce_host(o.exec_, *o.tp_, v, reduce_op::max);
+      if (o.ep_) o.comms_.all_reduce_host(o.exec_, *o.ep_, v, reduce_op::max);
     };
     p.all_gather_fn = [](const party_t& p, std::span<const double> mine, std::span<double> grid) {
-      Opt& o = *static_cast<Opt*>(p.opt);
-      if (!o.tp_) {
-        o.comms_.all_gather_host(o.exec_, o.comm_, mine, grid);
-        return;
+      Opt& o = *static_cast<Opt*>(p.opt);  // over DP, then TP, then EP: [part][DP rank]
+      std::vector<double> all(mine.begin(), mine.end());
+      for (auto* g : {&o.comm_, o.tp_ ? &*o.tp_ : nullptr, o.ep_ ? &*o.ep_ : nullptr}) {
+        if (!g) continue;
+        std::vector<double> more(all.size() * static_cast<std::size_t>(g->size()));
+        o.comms_.all_gather_host(o.exec_, *g, std::span<const double>(all), std::span<double>(more));
+        all = std::move(more);
       }
-      std::vector<double> all(grid.size() / static_cast<std::size_t>(o.tp_->size()));
-      o.comms_.all_gather_host(o.exec_, o.comm_, mine, std::span<double>(all));
-      o.comms_.all_gather_host(o.exec_, *o.tp_, std::span<const double>(all), grid);
+      std::copy(all.begin(), all.end(), grid.begin());
     };
     p.scalars_fn = [](const party_t& p) { return checkpoint_scalars(*static_cast<Opt*>(p.opt)); };
     p.items_fn = [](const party_t& p) {  // once the collectives in flight are done

@@ -35,7 +35,25 @@ struct tensor_slot {
   std::size_t numel = 0;
   /// The tensor-parallel split of the logical tensor this rank holds part of.
   tp_split tp = tp_split::none;
+  /// An expert tensor (layout::add_experts): expert `expert` of the `experts` experts of
+  /// the logical tensor `experts_of`, whose shape is [experts, ...this expert's shape]
+  /// (over TP: its whole shape). Empty `experts_of` and expert -1 for any other tensor.
+  std::string experts_of;
+  int expert = -1;
+  int experts = 0;
 };
+
+/// The experts [first, first + count) of a logical expert tensor that one rank holds
+/// (mesh::experts gives a rank's; comm/mesh.hpp).
+struct expert_range {
+  int first = 0;
+  int count = 0;
+};
+
+/// The name of expert `e` of the expert tensor `name` (layout::add_experts): "name[e]".
+inline std::string expert_tensor_name(std::string_view name, int e) {
+  return std::string(name) + "[" + std::to_string(e) + "]";
+}
 
 /// Formats a shape as "[2, 3]" for messages.
 DISTOPT_CORE_FN std::string shape_string(std::span<const std::int64_t> shape);
@@ -62,6 +80,16 @@ class layout {
   const tensor_slot& add(std::string name, std::vector<std::int64_t> shape,
                          distopt::dtype type = distopt::dtype::f32, int group = 0,
                          tp_split tp = tp_split::none);
+
+  /// Registers the experts `mine` of an expert tensor `name` of `experts` experts (a
+  /// mixture-of-experts layer's weight, logically [experts, ...shape]), each a tensor of its
+  /// own named expert_tensor_name(name, e), of shape `shape` (this TP rank's part of one
+  /// expert, split by `tp`). The optimizer treats each expert as a tensor (its norm, its
+  /// factored or matrix states, its 8-bit blocks); a checkpoint records the logical tensor,
+  /// each expert a box in it, so that it reloads on any expert-parallel size. Every expert
+  /// of one name has the same shape, dtype, group and split.
+  void add_experts(std::string_view name, int experts, expert_range mine, const std::vector<std::int64_t>& shape,
+                   distopt::dtype type = distopt::dtype::f32, int group = 0, tp_split tp = tp_split::none);
 
   /// The tensor registered under `name`; throws std::out_of_range naming it if there is none.
   const tensor_slot& find(std::string_view name) const;
@@ -137,11 +165,38 @@ DISTOPT_CORE_FN const tensor_slot& layout::add(std::string name, std::vector<std
                                   shape_string(shape) + " overflows");
     numel *= static_cast<std::size_t>(d);
   }
-  tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel, tp};
+  tensor_slot t{std::move(name), std::move(shape), type, group, size_, numel, tp, {}, -1, 0};
   size_ += round_up(numel);
   index_.emplace(t.name, tensors_.size());
   tensors_.push_back(std::move(t));
   return tensors_.back();
+}
+
+DISTOPT_CORE_FN void layout::add_experts(std::string_view name, int experts, expert_range mine,
+                                         const std::vector<std::int64_t>& shape, distopt::dtype type, int group,
+                                         tp_split tp) {
+  const std::string what = "distopt::layout::add_experts: expert tensor '" + std::string(name) + "'";
+  if (name.empty()) throw std::invalid_argument("distopt::layout::add_experts: tensor name is empty");
+  if (experts < 1) throw std::invalid_argument(what + " has " + std::to_string(experts) + " experts; it needs at least 1");
+  if (mine.count < 1 || mine.first < 0 || mine.first + mine.count > experts)
+    throw std::invalid_argument(what + ": experts " + std::to_string(mine.first) + " to " +
+                                std::to_string(mine.first + mine.count - 1) + " are not a non-empty range of its " +
+                                std::to_string(experts) + " experts");
+  for (const tensor_slot& t : tensors_)
+    if (t.experts_of == name && (t.experts != experts || t.shape != shape || t.dtype != type || t.group != group || t.tp != tp))
+      throw std::invalid_argument(what + ": expert " + std::to_string(mine.first) + " differs from expert " +
+                                  std::to_string(t.expert) + " registered before (experts, shape, dtype, group or TP "
+                                  "split); every expert of a tensor has the same");
+  for (int e = mine.first; e < mine.first + mine.count; ++e)  // all or none registered
+    if (index_.contains(expert_tensor_name(name, e)))
+      throw std::invalid_argument(what + ": tensor '" + expert_tensor_name(name, e) + "' is already registered");
+  for (int e = mine.first; e < mine.first + mine.count; ++e) {
+    add(expert_tensor_name(name, e), shape, type, group, tp);
+    tensor_slot& t = tensors_.back();
+    t.experts_of = std::string(name);
+    t.expert = e;
+    t.experts = experts;
+  }
 }
 
 DISTOPT_CORE_FN const tensor_slot& layout::find(std::string_view name) const {
