@@ -41,7 +41,7 @@ constexpr const char* usage_text =
     "                      [--set KEY=VALUE]... [--param-dtype fp32|bf16|fp16]\n"
     "                      [--grad-dtype fp32|bf16|fp16] [--master-weights on|off]\n"
     "                      [--state fp32|bf16|q8] [--min-8bit-size N]\n"
-    "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T]\n"
+    "                      [--percentile-clipping P] [--threads N] [--ranks N] [--tp T] [--ep E]\n"
     "                      [--comm threads|mpi] [--placement sharded|owned]\n"
     "                      [--save-at K DIR] [--resume DIR]\n"
     "                      [--backend cpu|kokkos|emulated|cuda] [--zero 1|2|3]\n"
@@ -75,6 +75,12 @@ constexpr const char* usage_text =
     "declared ready as soon as written, last tensor first. The output equals one rank's.\n"
     "Without --ranks or --comm mpi it runs one rank (as threads, sharded storage).\n"
     "Stages 2 and 3 take fp32 params, grads and states.\n"
+    "--ep E runs a mixture of experts (ranks as threads): the trace's tensors experts.<e>.*\n"
+    "are expert e of the expert tensor experts.* (layout::add_experts), split over E\n"
+    "expert-parallel ranks (and the --tp ranks inside each expert), data parallel over\n"
+    "ranks / E; the other tensors over --tp and --ranks. Two optimizers step by one\n"
+    "joint_step on the global norm (--max-grad-norm clips by it). fp32 only; not with\n"
+    "--zero, --accumulate, checkpoints or --clip. The output equals one rank's.\n"
     "--placement owned (galore_adamw, muon; on --ranks or --comm mpi) puts each matrix they\n"
     "update whole on one data-parallel rank (distopt::owned): its grads are reduced to that\n"
     "rank, which alone projects or orthogonalises it, and broadcasts the new params. With\n"
@@ -164,6 +170,9 @@ replay::config parse_args(int argc, char** argv, paths& io) {
     } else if (a == "--tp") {
       cfg.tp = parse_int(a, value());
       if (cfg.tp < 1 || cfg.tp > 64) throw replay::usage_error("--tp: must be between 1 and 64");
+    } else if (a == "--ep") {
+      cfg.ep = parse_int(a, value());
+      if (cfg.ep < 1 || cfg.ep > 1024) throw replay::usage_error("--ep: must be between 1 and 1024");
     } else if (a == "--placement") {
       cfg.placement = value();
       if (cfg.placement != "sharded" && cfg.placement != "owned")
@@ -254,6 +263,24 @@ replay::config parse_args(int argc, char** argv, paths& io) {
       throw replay::usage_error("--zero " + std::to_string(cfg.zero) +
                                 ": distopt-replay builds stages 2 and 3 for fp32 params, grads and states "
                                 "(--zero 1 takes every combination; the unit suite tests the others)");
+  }
+  if (cfg.ep > 0) {  // a mixture of experts: two optimizers, one joint step, ranks as threads
+    const auto refuse = [](const std::string& what) {
+      throw replay::usage_error("--ep: " + what + " is not built with --ep (the unit suite tests the optimizers' "
+                                "other settings over the expert grid)");
+    };
+    if (cfg.comm == "mpi") refuse("--comm mpi");
+    if (cfg.backend != "cpu") refuse("--backend " + cfg.backend);
+    if (cfg.zero > 0) refuse("--zero");
+    if (cfg.accumulate > 1) refuse("--accumulate");
+    if (cfg.save_at > 0 || !cfg.resume_dir.empty()) refuse("--save-at or --resume");
+    if (cfg.placement == "owned") refuse("--placement owned");
+    if (cfg.clip > 0.0)
+      throw replay::usage_error("--ep: --clip is one optimizer's norm; clip the joint step by --max-grad-norm");
+    if (cfg.ranks == 0) cfg.ranks = cfg.ep;
+    if (cfg.ranks % cfg.ep != 0)
+      throw replay::usage_error("--ep " + std::to_string(cfg.ep) + " does not divide --ranks " + std::to_string(cfg.ranks) +
+                                " (the experts' data-parallel size is ranks / ep)");
   }
   if ((cfg.tp > 1 || cfg.placement == "owned" || cfg.zero > 0) && cfg.ranks == 0 && cfg.comm != "mpi")
     cfg.ranks = 1;  // a TP grid, owned placement and the ZeRO stages run as threads
@@ -346,6 +373,14 @@ int main(int argc, char** argv) {
       tr = load_trace(io.trace);
     } catch (const std::exception& e) {  // unreadable, malformed or incomplete input
       throw replay::usage_error(e.what());
+    }
+    if (cfg.ep > 0) {
+      const int experts = replay::moe_of(tr).experts;
+      if (experts == 0)
+        throw replay::usage_error("--ep: the trace has no expert tensors (named experts.<e>.<name>)");
+      if (experts % cfg.ep != 0)
+        throw replay::usage_error("--ep " + std::to_string(cfg.ep) + " does not divide the trace's " +
+                                  std::to_string(experts) + " experts into whole experts per rank");
     }
 #ifdef DISTOPT_REPLAY_MPI
     std::optional<distopt::mpi_session> session;

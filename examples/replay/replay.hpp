@@ -4,6 +4,7 @@
 // distopt-replay: the trace, the run configuration, and one entry point per policy (each
 // compiled in its own translation unit, so the instantiations build in parallel).
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -32,6 +33,34 @@ struct trace {
   std::vector<std::map<std::string, std::vector<float>>> grads;  // [step][name]
 };
 
+/// --ep: the trace's expert tensors. A tensor named "experts.<e>.<rest>" is expert e of the
+/// expert tensor "experts.<rest>" (make_moe_trace.py's names); the others are dense.
+struct moe_split {
+  std::vector<int> expert;            ///< per trace tensor: its expert, or -1 (dense)
+  std::vector<std::string> logical;   ///< per trace tensor: its expert tensor's name
+  int experts = 0;                    ///< how many (the highest expert index + 1)
+};
+inline moe_split moe_of(const trace& tr) {
+  moe_split m;
+  for (const auto& n : tr.names) {
+    int e = -1;
+    std::string logical;
+    if (n.starts_with("experts.")) {
+      const std::size_t dot = n.find('.', 8);
+      const std::string digits = n.substr(8, dot == std::string::npos ? std::string::npos : dot - 8);
+      if (dot != std::string::npos && !digits.empty() && digits.size() < 6 &&
+          digits.find_first_not_of("0123456789") == std::string::npos) {
+        e = std::stoi(digits);
+        logical = "experts" + n.substr(dot);
+      }
+    }
+    m.expert.push_back(e);
+    m.logical.push_back(std::move(logical));
+    m.experts = std::max(m.experts, e + 1);
+  }
+  return m;
+}
+
 /// What to run.
 struct config {
   std::string optimizer;
@@ -41,6 +70,7 @@ struct config {
   int threads = 1;
   int ranks = 0;             // --ranks N: N ranks with sharded state; 0: one rank, replicated
   int tp = 1;                // --tp T: T tensor-parallel ranks per data-parallel rank (threads)
+  int ep = 0;                // --ep E: the experts over E expert-parallel ranks (threads); 0: no experts
   std::string placement = "sharded";  // --placement sharded|owned (owned: galore_adamw, muon)
   int zero = 0;              // --zero S: ZeRO stage S (1..3) with the overlap hooks; 0: stage 1, no hooks
   std::string comm = "threads";

@@ -5,10 +5,12 @@
 
 #include <distopt/distopt.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <locale.h>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +18,7 @@
 #include <type_traits>
 
 #include <distopt/comm/any.hpp>
+#include <distopt/comm/mesh.hpp>
 // The cuda entries (run_<policy>_cuda.cu, nvcc) hold the cuda mode alone: MPI and Kokkos
 // stay out of their translation units.
 #if defined(DISTOPT_REPLAY_MPI) && !defined(__CUDACC__)
@@ -73,13 +76,19 @@ struct rank_plan {
   /// Per tensor: the trace's flat index of each element of this rank's part.
   std::vector<std::vector<std::size_t>> at;
   std::vector<const std::vector<float>*> params;  ///< per tensor: the trace's initial values
+  std::vector<std::size_t> trace_index;           ///< per tensor: its index in the trace
 };
 
 /// The layout of this TP part (group 1 for GaLore's matrices: 2-D and not *.bias) and the
-/// element maps.
-inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects, tp_place tp) {
+/// element maps: of every tensor of the trace, or (`moe`) of its dense tensors
+/// (`experts` empty) or of the experts in `experts`, each registered as that expert of
+/// its expert tensor (layout::add_experts).
+inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects, tp_place tp,
+                           const moe_split* moe = nullptr, distopt::expert_range experts = {}) {
   rank_plan r;
   for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    const int e = moe ? moe->expert[k] : -1;
+    if (moe && (experts.count == 0 ? e >= 0 : e < experts.first || e >= experts.first + experts.count)) continue;
     const auto& n = tr.names[k];
     auto shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
     if (shape.empty()) shape = {1};
@@ -89,7 +98,9 @@ inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects,
     if (split == distopt::tp_split::cols) shape.back() /= tp.size;
     const bool bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
     const int group = projects && shape.size() == 2 && !bias ? 1 : 0;
-    r.lay.add(n, shape, param, group, split);
+    if (e >= 0) r.lay.add_experts(moe->logical[k], moe->experts, {e, 1}, shape, param, group, split);
+    else r.lay.add(n, shape, param, group, split);
+    r.trace_index.push_back(k);
     r.params.push_back(&tr.params.at(n));
     const std::size_t numel = r.params.back()->size();
     std::size_t local = 1;
@@ -192,6 +203,17 @@ inline float micro_part(float g, int m, int n) {
   return std::copysign(std::ldexp(static_cast<float>(sig & mask), e - 24), g);
 }
 
+/// --log's line for step s (from 0): hexadecimal floats, the exact bits, in the "C" locale.
+inline std::string log_line(std::size_t s, const distopt::step_result& r, double clip_norm) {
+  char line[256];
+  static const locale_t c_numbers = newlocale(LC_NUMERIC_MASK, "C", locale_t{});
+  const locale_t before = uselocale(c_numbers);
+  std::snprintf(line, sizeof line, "step %zu: skipped %d norm %a clip %a count %lld loss_scale %a\n", s + 1,
+                r.skipped ? 1 : 0, r.grad_norm, clip_norm, static_cast<long long>(r.step), r.loss_scale);
+  uselocale(before);
+  return line;
+}
+
 /// One rank's replay: the trace's gradient is the global gradient, so rank 0 gets it and
 /// every other rank zeros, summed over the ranks: the result equals one rank's, bit for bit.
 template <class Policy, class Storage, class Comm, class Param, class Grad, class Exec = distopt::cpu>
@@ -287,15 +309,7 @@ result run_rank(const trace& tr, const config& cfg, Comm comm, std::optional<Com
     const double clip_norm = cfg.clip > 0.0 ? opt.clip_grad_norm(cfg.clip) : 0.0;
     const distopt::step_result r = opt.step();
     opt.zero_grad();
-    if (!cfg.log_path.empty() && writer) {  // hexadecimal floats: the exact bits, in the "C" locale
-      char line[256];
-      static const locale_t c_numbers = newlocale(LC_NUMERIC_MASK, "C", locale_t{});
-      const locale_t before = uselocale(c_numbers);
-      std::snprintf(line, sizeof line, "step %zu: skipped %d norm %a clip %a count %lld loss_scale %a\n", s + 1,
-                    r.skipped ? 1 : 0, r.grad_norm, clip_norm, static_cast<long long>(r.step), r.loss_scale);
-      uselocale(before);
-      out.log += line;
-    }
+    if (!cfg.log_path.empty() && writer) out.log += log_line(s, r, clip_norm);
 #ifdef DISTOPT_REPLAY_CHECKPOINT
     if (static_cast<int>(s + 1) == cfg.save_at) opt.save(cfg.save_dir);
 #endif
@@ -341,6 +355,80 @@ inline result merge_tp_parts(const trace& tr, const config& cfg, std::vector<res
     }
   }
   return out;
+}
+
+/// --ep E: one rank of a mixture of experts, ranks as threads. make_mesh folds the world of
+/// --ranks x --tp ranks into the dense grid (TP x DP) and the expert grid (ETP = TP, EP =
+/// E, expert-DP = ranks / E); the dense tensors step in one optimizer over DP, this rank's
+/// experts in another over expert-DP, both by one joint_step on the global norm. As in
+/// run_rank, the DP (expert-DP) index 0 ranks hold the gradient and the others zeros. Fills
+/// in `out`'s full tensors with this rank's parts (index 0 ranks), under `m`.
+template <class Policy, class Storage, class Param, class Grad>
+void run_experts_rank(const trace& tr, const config& cfg, distopt::threads& world, result& out, std::mutex& m) {
+  using opt_t = distopt::optimizer<Policy, Storage, distopt::any_comm, distopt::cpu, distopt::precision<Param, Grad>>;
+  constexpr bool matrix_groups = distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
+  std::vector<typename Policy::hyper_params> groups{hyper_of<Policy>(cfg)};
+  if constexpr (matrix_groups) groups.push_back(groups[0]);
+  for (std::size_t g = 0; g < groups.size(); ++g) shape_group<Policy>(groups[g], g);
+  const moe_split moe = moe_of(tr);
+  distopt::mesh<distopt::threads> g = distopt::make_mesh(world, {.tp = cfg.tp, .ep = cfg.ep, .etp = cfg.tp});
+  const distopt::expert_range mine = g.experts(moe.experts);
+  rank_plan plans[2] = {plan_rank(tr, distopt::dtype_of<Param>, matrix_groups, {g.at.tp, cfg.tp}, &moe),
+                        plan_rank(tr, distopt::dtype_of<Param>, matrix_groups, {g.at.etp, cfg.tp}, &moe, mine)};
+  const bool holds[2] = {g.at.dp == 0, g.at.edp == 0};  // the gradient, and the params to report
+  const bool writer = world.rank() == 0;
+  const auto names = [&](int o) {
+    std::vector<std::string> n;
+    for (const auto& t : plans[o].lay.tensors()) n.push_back(t.name);
+    return n;
+  };
+  const std::vector<std::string> tensor_names[2] = {names(0), names(1)};
+  opt_t d(std::move(plans[0].lay), groups, options_of(cfg), distopt::make_executor<distopt::cpu>(cfg.threads),
+          distopt::any_comm(std::move(g.dp)));
+  opt_t x(std::move(plans[1].lay), groups, options_of(cfg), distopt::make_executor<distopt::cpu>(cfg.threads),
+          distopt::any_comm(std::move(g.edp)));
+  if (cfg.tp > 1) {
+    d.set_tensor_parallel_group(distopt::any_comm(std::move(g.tp)));
+    x.set_tensor_parallel_group(distopt::any_comm(std::move(g.etp)));
+  }
+  x.set_expert_parallel_group(distopt::any_comm(std::move(g.ep)));
+  opt_t* opts[2] = {&d, &x};
+  for (int o = 0; o < 2; ++o)
+    for (std::size_t j = 0; j < tensor_names[o].size(); ++j) {
+      const auto& at = plans[o].at[j];
+      const auto& src = *plans[o].params[j];
+      write_view(opts[o]->executor(), opts[o]->param(tensor_names[o][j]),
+                 [&](std::size_t i) { return distopt::from_float<Param>(src[at[i]]); });
+    }
+  for (std::size_t s = 0; s < tr.grads.size(); ++s) {
+    const float scale = static_cast<float>(d.loss_scale());
+    const bool nan_step = static_cast<int>(s + 1) == cfg.nan_at;
+    for (int o = 0; o < 2; ++o)
+      for (std::size_t j = 0; j < tensor_names[o].size(); ++j) {
+        const std::size_t k = plans[o].trace_index[j];
+        const auto& at = plans[o].at[j];
+        const auto& src = tr.grads[s].at(tr.names[k]);
+        write_view(opts[o]->executor(), opts[o]->grad(tensor_names[o][j]), [&](std::size_t i) {
+          if (nan_step && holds[o] && k == 0 && i == 0) return distopt::from_float<Grad>(std::numeric_limits<float>::quiet_NaN());
+          return distopt::from_float<Grad>(holds[o] ? distopt::to_float(distopt::from_float<Grad>(src[at[i]] * scale)) : 0.0f);
+        });
+      }
+    const distopt::step_result r = distopt::joint_step(d, x);
+    d.zero_grad();
+    x.zero_grad();
+    if (!cfg.log_path.empty() && writer) out.log += log_line(s, r, 0.0);
+  }
+  std::lock_guard<std::mutex> lock(m);
+  for (int o = 0; o < 2; ++o) {
+    if (!holds[o]) continue;
+    for (std::size_t j = 0; j < tensor_names[o].size(); ++j) {
+      const std::size_t k = plans[o].trace_index[j];
+      const auto p = read_view(opts[o]->executor(), opts[o]->param(tensor_names[o][j]));
+      auto& dst = out.params[tr.names[k]];
+      dst.resize(tr.params.at(tr.names[k]).size());
+      for (std::size_t i = 0; i < p.size(); ++i) dst[plans[o].at[j][i]] = distopt::to_float(p[i]);
+    }
+  }
 }
 
 /// How the ranks run: threads (--ranks N, ranks as threads) or mpi (the MPI world), with
@@ -415,6 +503,17 @@ result run_typed(const trace& tr, const config& cfg) {
     return run_rank<Policy, distopt::replicated<State>, distopt::single, Param, Grad, typename Mode::executor>(
         tr, cfg, distopt::single{});
   } else if constexpr (std::is_same_v<Mode, threads_mode>) {
+    if (cfg.ep > 0) {  // main.cpp refuses --ep with other types, --zero, --accumulate, checkpoints
+      if constexpr (std::is_same_v<State, float> && std::is_same_v<Param, float> && std::is_same_v<Grad, float>) {
+        result out;
+        std::mutex m;
+        distopt::run_ranks(cfg.ranks * cfg.tp, [&](distopt::threads& world) {
+          run_experts_rank<Policy, distopt::sharded<float>, Param, Grad>(tr, cfg, world, out, m);
+        });
+        return out;
+      }
+      throw usage_error("--ep: distopt-replay builds it for fp32 params, grads and states");
+    }
     // Rank r = dp * tp + t of the grid; DP rank 0's TP ranks each fill in their parts.
     std::vector<result> parts(static_cast<std::size_t>(cfg.tp));
     distopt::run_ranks(cfg.ranks * cfg.tp, [&](distopt::threads& world) {
