@@ -161,20 +161,15 @@ struct temp_dir {
   }
   ~temp_dir() { std::filesystem::remove_all(path); }
 };
-struct save_to {
+/// A run's hook: saves (`save`) or loads the two optimizers' checkpoints, in dir/dense and
+/// dir/experts.
+struct checkpoints {
   std::filesystem::path dir;
+  bool save = false;
   template <class Opt>
   void operator()(Opt& d, Opt& x) const {
-    d.save(dir / "dense");
-    x.save(dir / "experts");
-  }
-};
-struct load_from {
-  std::filesystem::path dir;
-  template <class Opt>
-  void operator()(Opt& d, Opt& x) const {
-    d.load(dir / "dense");
-    x.load(dir / "experts");
+    for (const auto& [o, sub] : {std::pair{&d, "dense"}, std::pair{&x, "experts"}})
+      save ? o->save(dir / sub) : o->load(dir / sub);
   }
 };
 
@@ -214,9 +209,9 @@ void check_resume(grid a, grid b) {
   using P = distopt::precision<float>;
   const moe_result ref = run<Policy, Storage, P>(b.tp, b.tp, std::nullopt);
   temp_dir dir;
-  run<Policy, Storage, P>(a.tp, a.world, a.ep, run_span<no_hook, save_to>{0, nan_step, {}, {dir.path}});
+  run<Policy, Storage, P>(a.tp, a.world, a.ep, run_span<no_hook, checkpoints>{0, nan_step, {}, {dir.path, true}});
   check_logical_experts(dir.path / "experts");
-  const moe_result r = run<Policy, Storage, P>(b.tp, b.world, b.ep, run_span<load_from>{nan_step, steps, {dir.path}, {}});
+  const moe_result r = run<Policy, Storage, P>(b.tp, b.world, b.ep, run_span<checkpoints>{nan_step, steps, {dir.path, false}, {}});
   BOOST_TEST_CONTEXT("saved at tp " << a.tp << ", ep " << a.ep << ", world " << a.world << "; resumed at tp " << b.tp
                                     << ", ep " << b.ep << ", world " << b.world) {
     BOOST_TEST(r.ranks_agree);

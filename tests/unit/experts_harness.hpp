@@ -25,6 +25,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -96,11 +97,16 @@ void add_tensor(distopt::layout& l, const std::string& name, const tp_tensor& x,
 }
 
 /// Two groups: the matrices (group 0) and the rest (group 1), with the policy's defaults;
-/// Muon's group 1 is its AdamW (use_muon false).
+/// Muon's group 1 is its AdamW (use_muon false), GaLore's group 0 projects to rank 4, a new
+/// projection every other step.
 template <class Policy>
 std::vector<typename Policy::hyper_params> groups() {
   std::vector<typename Policy::hyper_params> h(2);
   if constexpr (requires { h[1].use_muon; }) h[1].use_muon = false;
+  if constexpr (requires { h[0].update_proj_gap; }) {
+    h[0].rank = 4;
+    h[0].update_proj_gap = 2;
+  }
   return h;
 }
 
@@ -316,10 +322,11 @@ struct grid {
   int tp, ep, world;
 };
 
-/// Every (TP, EP, DP) grid, its optimizers on executor Exec, against its TP's reference (on cpu).
+/// Every (TP, EP, DP) grid of the TP sizes `tps`, its optimizers on executor Exec, against
+/// its TP's reference (on cpu).
 template <class Policy, class Storage, class Precision = distopt::precision<float>, class Exec = distopt::cpu>
-void check_grids() {
-  for (int tp : {1, 2}) {
+void check_grids(std::initializer_list<int> tps = {1, 2}) {
+  for (int tp : tps) {
     const moe_result ref = run<Policy, Storage, Precision>(tp, tp, std::nullopt);
     BOOST_TEST_CONTEXT("reference, tp " << tp) {
       BOOST_TEST(ref.ranks_agree);
