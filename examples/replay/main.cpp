@@ -375,9 +375,12 @@ int main(int argc, char** argv) {
       throw replay::usage_error(e.what());
     }
     if (cfg.ep > 0) {
-      const int experts = replay::moe_of(tr).experts;
+      const replay::moe_split moe = replay::moe_of(tr);
+      const int experts = moe.experts;
       if (experts == 0)
         throw replay::usage_error("--ep: the trace has no expert tensors (named experts.<e>.<name>)");
+      if (const std::string why = replay::moe_problem(tr, moe); !why.empty())
+        throw replay::usage_error("--ep: the trace's experts are not whole expert tensors: " + why);
       if (experts % cfg.ep != 0)
         throw replay::usage_error("--ep " + std::to_string(cfg.ep) + " does not divide the trace's " +
                                   std::to_string(experts) + " experts into whole experts per rank");

@@ -38,6 +38,7 @@ struct trace {
 struct moe_split {
   std::vector<int> expert;            ///< per trace tensor: its expert, or -1 (dense)
   std::vector<std::string> logical;   ///< per trace tensor: its expert tensor's name
+  std::vector<std::size_t> split_key; ///< per trace tensor: the index --tp splits it as
   int experts = 0;                    ///< how many (the highest expert index + 1)
 };
 inline moe_split moe_of(const trace& tr) {
@@ -48,17 +49,46 @@ inline moe_split moe_of(const trace& tr) {
     if (n.starts_with("experts.")) {
       const std::size_t dot = n.find('.', 8);
       const std::string digits = n.substr(8, dot == std::string::npos ? std::string::npos : dot - 8);
-      if (dot != std::string::npos && !digits.empty() && digits.size() < 6 &&
+      if (dot != std::string::npos && !digits.empty() && digits.size() < 6 && (digits.size() == 1 || digits[0] != '0') &&
           digits.find_first_not_of("0123456789") == std::string::npos) {
         e = std::stoi(digits);
         logical = "experts" + n.substr(dot);
       }
     }
+    // --tp splits an expert as it splits its expert tensor's first expert in the trace.
+    std::size_t key = m.expert.size();
+    for (std::size_t j = 0; j < m.expert.size() && e >= 0; ++j)
+      if (m.logical[j] == logical) {
+        key = j;
+        break;
+      }
+    m.split_key.push_back(key);
     m.expert.push_back(e);
     m.logical.push_back(std::move(logical));
     m.experts = std::max(m.experts, e + 1);
   }
   return m;
+}
+
+/// Why the trace's experts are not E whole expert tensors (each logical tensor has every
+/// expert 0..E-1 once, all of one shape), or "" when they are.
+inline std::string moe_problem(const trace& tr, const moe_split& m) {
+  std::map<std::string, std::vector<int>> seen;  // logical -> its experts' trace indices by expert
+  for (std::size_t k = 0; k < tr.names.size(); ++k) {
+    if (m.expert[k] < 0) continue;
+    auto& at = seen[m.logical[k]];
+    at.resize(static_cast<std::size_t>(m.experts), -1);
+    const int first = at[static_cast<std::size_t>(m.expert[k])];
+    if (first >= 0) return "'" + tr.names[k] + "' and '" + tr.names[static_cast<std::size_t>(first)] + "' are one expert";
+    at[static_cast<std::size_t>(m.expert[k])] = static_cast<int>(k);
+  }
+  for (const auto& [logical, at] : seen)
+    for (std::size_t e = 0; e < at.size(); ++e) {
+      if (at[e] < 0) return "'" + logical + "' has no expert " + std::to_string(e) + " of " + std::to_string(m.experts);
+      if (tr.shapes.at(tr.names[static_cast<std::size_t>(at[e])]) != tr.shapes.at(tr.names[static_cast<std::size_t>(at[0])]))
+        return "the experts of '" + logical + "' differ in shape ('" + tr.names[static_cast<std::size_t>(at[e])] + "')";
+    }
+  return {};
 }
 
 /// What to run.

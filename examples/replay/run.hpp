@@ -93,7 +93,7 @@ inline rank_plan plan_rank(const trace& tr, distopt::dtype param, bool projects,
     auto shape = tr.shapes.at(n);  // a 0-d tensor is registered as [1]
     if (shape.empty()) shape = {1};
     const auto& full_shape = tr.shapes.at(n);
-    const distopt::tp_split split = split_of(shape, k, tp.size);
+    const distopt::tp_split split = split_of(shape, moe ? moe->split_key[k] : k, tp.size);
     if (split == distopt::tp_split::rows) shape.front() /= tp.size;
     if (split == distopt::tp_split::cols) shape.back() /= tp.size;
     const bool bias = n.size() >= 5 && n.compare(n.size() - 5, 5, ".bias") == 0;

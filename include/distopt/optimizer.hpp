@@ -381,13 +381,29 @@ class optimizer {
   }
 
   /// Sets the expert-parallel group of an optimizer of expert tensors (layout::add_experts):
-  /// the ranks that hold the other experts, each as many as this one (mesh::ep). A joint
-  /// step then sums the experts' norm over it (joint_step(dense, experts)), and a
-  /// checkpoint holds every expert: each rank's experts are boxes of the logical tensors,
-  /// which reload on another expert-parallel size. Collective over `group`.
+  /// the ranks that hold the other experts, each as many as this one, the rank of index k
+  /// the k-th run of them (mesh::ep and mesh::experts). A joint step then sums the experts'
+  /// norm over it (joint_step(dense, experts)), and a checkpoint holds every expert: each
+  /// rank's experts are boxes of the logical tensors, which reload on another
+  /// expert-parallel size. Over more than one rank the optimizer holds expert tensors only
+  /// (a dense tensor would count once per rank). Its own step() then needs no norm (the
+  /// norm spans the model: step it by joint_step), and clip_grad_norm is refused.
   void set_expert_parallel_group(Comm group) {
     ctx_.check_same_stream(group, "the expert-parallel group");
-    detail::check_experts_held(ctx_.layout_, group.size(), "distopt::optimizer::set_expert_parallel_group");
+    const char* who = "distopt::optimizer::set_expert_parallel_group";
+    detail::check_experts_held(ctx_.layout_, group.size(), who);
+    if (group.size() > 1)
+      for (const tensor_slot& t : ctx_.layout_.tensors()) {
+        if (t.experts_of.empty())
+          throw std::logic_error(std::string(who) + ": tensor '" + t.name + "' is not an expert tensor; over an "
+                                 "expert-parallel group an optimizer holds experts only (put dense tensors in the "
+                                 "dense optimizer)");
+        const int each = t.experts / group.size(), first = group.rank() * each;
+        if (t.expert < first || t.expert >= first + each)
+          throw std::logic_error(std::string(who) + ": expert-parallel rank " + std::to_string(group.rank()) +
+                                 " holds '" + t.name + "'; it holds experts " + std::to_string(first) + " to " +
+                                 std::to_string(first + each - 1) + " of '" + t.experts_of + "' (mesh::experts)");
+      }
     ctx_.ep_.emplace(std::move(group));
   }
 
@@ -418,6 +434,7 @@ class optimizer {
     if (!(max_norm > 0.0) || !std::isfinite(max_norm))
       throw std::invalid_argument("clip_grad_norm: invalid max_norm " + std::to_string(max_norm) +
                                   ": must be a finite value > 0");
+    refuse_norm_of_experts("clip_grad_norm");
     const double norm = detail::grad_norm(ctx_);
     ctx_.clip_ = typename context_type::clip_state{norm, detail::clip_coefficient(max_norm, norm)};
     return norm;
@@ -439,6 +456,7 @@ class optimizer {
   /// at every stage, so that a loop written for stage 1 works at 3); prefetches still in
   /// flight are dropped.
   step_return step() {
+    if (detail::needs_norm(detail::rules_of(ctx_))) refuse_norm_of_experts("step");
     detail::end_param_gathers(ctx_, "step()");
     ++ctx_.step_calls_;
     detail::decide<stages_type::prepares_on_executor>(ctx_);
@@ -532,6 +550,15 @@ class optimizer {
     if (is_sharded && ctx_.comm_.size() > 1)
       throw std::logic_error("distopt::optimizer: with sharded storage each rank holds part of the " + std::string(what) +
                              " of '" + std::string(name) + "'; use local_" + what);
+  }
+
+  /// Throws when this optimizer's experts are spread over an expert-parallel group: its
+  /// own norm would leave out the other ranks' experts and the dense tensors.
+  void refuse_norm_of_experts(const char* what) const {
+    if (ctx_.ep_ && ctx_.ep_->size() > 1)
+      throw std::logic_error(std::string("distopt::optimizer::") + what + ": this optimizer's experts are spread over " +
+                             "an expert-parallel group, and the global norm (max_grad_norm, check_finite, loss " +
+                             "scaling) spans the whole model: step it with the dense one by joint_step(dense, experts)");
   }
 
   /// The stages of a step just decided, then what every step ends with; its result.

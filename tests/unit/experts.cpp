@@ -149,6 +149,54 @@ BOOST_AUTO_TEST_CASE(an_expert_optimizer_needs_the_ranks_of_the_other_experts) {
   BOOST_CHECK_EXCEPTION(x.set_expert_parallel_group(single{}), std::logic_error, names("set_expert_parallel_group(m.ep)"));
 }
 
+BOOST_AUTO_TEST_CASE(an_expert_group_holds_each_rank_its_own_experts_and_nothing_else) {
+  // Two ranks, 4 experts: each must hold its run of experts (mesh::experts), and no dense
+  // tensor (it would count twice in the norm). Its own step may not need the global norm.
+  using namespace distopt;
+  using opt = optimizer<adamw, sharded<fp32>, threads>;
+  std::vector<std::string> said(8);
+  const auto says = [&](int k, auto&& f) {
+    try {
+      f();
+    } catch (const std::logic_error& e) {
+      said[static_cast<std::size_t>(k)] = e.what();
+    }
+  };
+  run_ranks(2, [&](threads& w) {
+    const int me = w.rank();
+    layout mixed, swapped, mine;
+    mixed.add_experts("w", 4, {2 * me, 2}, {8});
+    mixed.add("dense", {8});
+    swapped.add_experts("w", 4, {2 - 2 * me, 2}, {8});  // rank 0 holds experts 2-3
+    mine.add_experts("w", 4, {2 * me, 2}, {8});
+    threads a = w.split(0, me), b = w.split(0, me), c = w.split(0, me), ep = w.split(0, me);
+    opt x(mixed, adamw::hyper_params{}, optimizer_options{}, cpu{}, w.split(me, 0));
+    opt y(swapped, adamw::hyper_params{}, optimizer_options{}, cpu{}, w.split(me, 0));
+    optimizer_options clipped;
+    clipped.max_grad_norm = 1.0;
+    opt z(mine, adamw::hyper_params{}, clipped, cpu{}, w.split(me, 0));
+    optimizer_options unchecked;
+    unchecked.check_finite = false;
+    opt u(mine, adamw::hyper_params{}, unchecked, cpu{}, w.split(me, 0));
+    says(4 * me + 0, [&] { x.set_expert_parallel_group(std::move(a)); });
+    says(4 * me + 1, [&] { y.set_expert_parallel_group(std::move(b)); });
+    z.set_expert_parallel_group(std::move(c));
+    says(4 * me + 2, [&] { z.step(); });
+    says(4 * me + 3, [&] { z.clip_grad_norm(1.0); });
+    u.set_expert_parallel_group(std::move(ep));
+    u.step();  // no norm needed (no clipping, no finite check): each rank's experts step alone
+  });
+  for (int r = 0; r < 2; ++r) {
+    BOOST_TEST_CONTEXT("rank " << r) {
+      BOOST_TEST(said[4 * r + 0].find("tensor 'dense' is not an expert tensor") != std::string::npos);
+      BOOST_TEST(said[4 * r + 1].find("holds experts " + std::to_string(2 * r) + " to " + std::to_string(2 * r + 1)) !=
+                 std::string::npos);
+      BOOST_TEST(said[4 * r + 2].find("step: this optimizer's experts are spread") != std::string::npos);
+      BOOST_TEST(said[4 * r + 3].find("clip_grad_norm: this optimizer's experts are spread") != std::string::npos);
+    }
+  }
+}
+
 #if DISTOPT_EXPERTS_CHECKPOINT
 namespace {
 /// A fresh directory, removed at the end of the test.

@@ -137,6 +137,8 @@ void decide(Ctx& c) {
 /// part not computed() when its decision needs no norm.
 template <class Ctx, class Comm>
 norm_part norm_part_of(Ctx& c, Comm* across) {
+  if (!across && c.ep_) across = &*c.ep_;
+  check_experts_held(c.layout_, across ? across->size() : 1, "distopt::joint_step");  // before any collective
   end_param_gathers(c, "joint_step()");
   if (c.clip_)
     throw std::logic_error("distopt::joint_step: clip_grad_norm was called on one optimizer, and gives its norm "
@@ -146,8 +148,6 @@ norm_part norm_part_of(Ctx& c, Comm* across) {
   if (!needs_norm(rules_of(c))) return norm_part(false);
   norm_part part;
   copy_bytes(c.exec_, part.wire().data(), norm_wire(c), sizeof(double) * norm_part::wire_size);
-  if (!across && c.ep_) across = &*c.ep_;
-  check_experts_held(c.layout_, across ? across->size() : 1, "distopt::joint_step");
   if (across && across->size() > 1) c.comms_.all_reduce_host(c.exec_, *across, part.wire(), reduce_op::sum);
   return part;
 }
