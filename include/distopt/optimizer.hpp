@@ -390,20 +390,8 @@ class optimizer {
   /// norm spans the model: step it by joint_step), and clip_grad_norm is refused.
   void set_expert_parallel_group(Comm group) {
     ctx_.check_same_stream(group, "the expert-parallel group");
-    const char* who = "distopt::optimizer::set_expert_parallel_group";
-    detail::check_experts_held(ctx_.layout_, group.size(), who);
-    if (group.size() > 1)
-      for (const tensor_slot& t : ctx_.layout_.tensors()) {
-        if (t.experts_of.empty())
-          throw std::logic_error(std::string(who) + ": tensor '" + t.name + "' is not an expert tensor; over an "
-                                 "expert-parallel group an optimizer holds experts only (put dense tensors in the "
-                                 "dense optimizer)");
-        const int each = t.experts / group.size(), first = group.rank() * each;
-        if (t.expert < first || t.expert >= first + each)
-          throw std::logic_error(std::string(who) + ": expert-parallel rank " + std::to_string(group.rank()) +
-                                 " holds '" + t.name + "'; it holds experts " + std::to_string(first) + " to " +
-                                 std::to_string(first + each - 1) + " of '" + t.experts_of + "' (mesh::experts)");
-      }
+    detail::check_experts_held(ctx_.layout_, group.size(), "distopt::optimizer::set_expert_parallel_group",
+                               group.rank());
     ctx_.ep_.emplace(std::move(group));
   }
 

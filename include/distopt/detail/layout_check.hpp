@@ -29,7 +29,22 @@ DISTOPT_CORE_FN std::string describe_tensor_shape(const tensor_slot& t, const st
 
 /// Throws std::logic_error unless this optimizer's expert tensors, over `ep` ranks that
 /// each hold as many, are every expert: what a checkpoint or a norm over the experts needs.
-inline void check_experts_held(const layout& l, int ep, const char* who) {
+/// With `ep_rank` (this rank's index in an expert-parallel group of `ep` > 1 ranks), also
+/// unless it holds expert tensors only (a dense one would count once per rank), each the
+/// run of experts of its index (mesh::experts).
+inline void check_experts_held(const layout& l, int ep, const char* who, int ep_rank = -1) {
+  if (ep_rank >= 0 && ep > 1)
+    for (const tensor_slot& t : l.tensors()) {
+      if (t.experts_of.empty())
+        throw std::logic_error(std::string(who) + ": tensor '" + t.name + "' is not an expert tensor; over an "
+                               "expert-parallel group an optimizer holds experts only (put dense tensors in the "
+                               "dense optimizer)");
+      const int each = t.experts / ep, first = ep_rank * each;
+      if (t.expert < first || t.expert >= first + each)
+        throw std::logic_error(std::string(who) + ": expert-parallel rank " + std::to_string(ep_rank) + " holds '" +
+                               t.name + "'; it holds experts " + std::to_string(first) + " to " +
+                               std::to_string(first + each - 1) + " of '" + t.experts_of + "' (mesh::experts)");
+    }
   std::map<std::string, std::pair<int, int>, std::less<>> held;  // experts held, of how many
   for (const tensor_slot& t : l.tensors())
     if (!t.experts_of.empty()) held[t.experts_of] = {held[t.experts_of].first + 1, t.experts};

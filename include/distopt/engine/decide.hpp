@@ -137,8 +137,8 @@ void decide(Ctx& c) {
 /// part not computed() when its decision needs no norm.
 template <class Ctx, class Comm>
 norm_part norm_part_of(Ctx& c, Comm* across) {
-  if (!across && c.ep_) across = &*c.ep_;
-  check_experts_held(c.layout_, across ? across->size() : 1, "distopt::joint_step");  // before any collective
+  if (!across && c.ep_) across = &*c.ep_;  // checked when set
+  else check_experts_held(c.layout_, across ? across->size() : 1, "distopt::joint_step");  // before any collective
   end_param_gathers(c, "joint_step()");
   if (c.clip_)
     throw std::logic_error("distopt::joint_step: clip_grad_norm was called on one optimizer, and gives its norm "
