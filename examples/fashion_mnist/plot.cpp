@@ -3,14 +3,9 @@
 // Loss and accuracy curves drawn by gnuplot, fed a generated script (data inline) on stdin,
 // and the early check that the output files can be written.
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -19,29 +14,12 @@
 #include <string_view>
 
 #include "fashion_mnist.hpp"
+#include "gnuplot.hpp"
 
 namespace fmnist {
-namespace {
-
-/// A gnuplot single-quoted string: only the quote itself needs escaping (doubled).
-std::string quoted(std::string_view s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("''") : std::string(1, c);
-  return q + "'";
-}
-
-bool on_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');)
-    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return true;
-  return false;
-}
-
-}  // namespace
 
 void require_gnuplot() {
-  if (!on_path("gnuplot"))
+  if (!examples::on_path("gnuplot"))
     throw usage_error("--plot: gnuplot is not on PATH (install it: apt-get install gnuplot-nox)");
 }
 
@@ -53,13 +31,12 @@ void check_outputs(const config& cfg) {
 }
 
 void write_plot(const std::string& path, const std::string& title, const history& h) {
-  if (path.find_first_of("\n\r") != std::string::npos)
-    throw usage_error("--plot: the file name must not contain a line break");
   std::ostringstream s;
-  // pngcairo draws smoother lines; plain png (libgd) is the fallback in minimal builds.
-  s << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 900,720 } "
-       "else { set terminal png size 900,720 }\n"
-    << "set output " << quoted(path) << "\n";
+  try {
+    s << examples::gnuplot_png(path, 900, 720);
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(e.what());
+  }
 
   // Per-step loss is noisy: draw it faintly under a running mean of 50 steps.
   const double per_epoch = static_cast<double>(h.steps_per_epoch ? h.steps_per_epoch : 1);
@@ -84,7 +61,7 @@ void write_plot(const std::string& path, const std::string& title, const history
   high = std::min(1.0, high + 0.01);
   s << "EOD\n"
     << "set xrange [0:" << std::max<std::size_t>(h.test_accuracy.size(), 1) << "]\n"
-    << "set multiplot layout 2,1 title " << quoted(title) << "\n"
+    << "set multiplot layout 2,1 title " << examples::gnuplot_quoted(title) << "\n"
     << "set grid\nset xlabel 'epoch'\nset ylabel 'training loss'\nset logscale y\n"
     << "plot $loss using 1:2 with lines lc rgb '#b0c8e0' title 'per step', "
        "$loss using 1:3 with lines lw 2 lc rgb '#1f4e8c' title 'mean of 50 steps', "
@@ -95,20 +72,7 @@ void write_plot(const std::string& path, const std::string& title, const history
     << "plot $accuracy using 1:2 with linespoints pt 7 lw 2 lc rgb '#b2182b' title 'test accuracy'\n"
     << "unset multiplot\n";
 
-  // A gnuplot that dies early must not take this process down with SIGPIPE.
-  const auto old = std::signal(SIGPIPE, SIG_IGN);
-  // gnuplot falls back to stdout when it cannot open the output: keep that off our stdout.
-  std::FILE* p = ::popen("gnuplot > /dev/null", "w");
-  if (!p) {
-    std::signal(SIGPIPE, old);
-    throw std::runtime_error("--plot: cannot start gnuplot");
-  }
-  const std::string script = s.str();
-  std::fwrite(script.data(), 1, script.size(), p);
-  const int status = ::pclose(p);
-  std::signal(SIGPIPE, old);
-  if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error("--plot: gnuplot failed to write " + path + " (its messages are above)");
+  examples::run_gnuplot(s.str(), path);
 }
 
 }  // namespace fmnist

@@ -1,0 +1,6 @@
+// SPDX-License-Identifier: Apache-2.0
+// Copyright 2026 the distopt authors
+// distopt-gpt with lamb: its optimizer types (ZeRO stages 1, 2 and 3) in a translation unit of their own.
+#include "train.hpp"
+
+gpt::history gpt::train_lamb(const config& cfg) { return train_policy<distopt::lamb>(cfg); }
