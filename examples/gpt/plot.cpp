@@ -41,9 +41,9 @@ void write_plot(const std::string& path, const std::string& title, const history
   for (const auto& [step, loss] : h.val_loss) s << step << ' ' << loss << '\n';
   s << "EOD\n"
     << "set title " << examples::gnuplot_quoted(title) << "\nset grid\nset xlabel 'step'\n"
-    << "set ylabel 'cross-entropy (nats a byte)'\nset logscale y\n"
+    << "set ylabel 'cross-entropy (nats a byte)'\n"
     << "plot $train using 1:2 with lines lc rgb '#b0c8e0' title 'training, per step', "
-       "$train using 1:3 with lines lw 2 lc rgb '#1f4e8c' title 'training, mean of 20 steps', "
+       "$train using 1:3 with lines lw 2 lc rgb '#1f4e8c' title 'training, mean of the last 20 steps', "
        "$val using 1:2 with linespoints pt 7 lw 2 lc rgb '#b2182b' title 'validation'\n";
   examples::run_gnuplot(s.str(), path);
 }

@@ -241,8 +241,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
               << " tokens a sequence: " << whole_params << " params";
     if (tp > 1) std::cout << " (" << opt.tensors().numel() << " on each TP rank)";
     std::cout << "\nrun: batch " << cfg.batch << " x " << T << " tokens, " << cfg.steps << " steps on " << dp * tp
-              << " ranks as threads (" << dp << " data-parallel x " << tp << " tensor-parallel), " << threads
-              << " threads a rank; state sharded over the data-parallel ranks, ZeRO-" << zero_stage
+              << (dp * tp == 1 ? " rank" : " ranks as threads (" + std::to_string(dp) + " data-parallel x " +
+                                                 std::to_string(tp) + " tensor-parallel)")
+              << ", " << threads << (threads == 1 ? " thread" : " threads") << " a rank; state sharded over the data-parallel ranks, ZeRO-" << zero_stage
               << (hooks ? " with the hooks unit by unit" : "") << "\n";
     if (in.text && in.batches.empty())
       std::cout << "data: " << in.text->files << " fortune files, " << in.text->fortunes << " fortunes: "
