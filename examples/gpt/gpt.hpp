@@ -29,7 +29,10 @@ struct config {
   int eval_batches = 4;    // validation batches of --batch sequences
   int ranks = 1;           // every rank: tensor-parallel x data-parallel
   int tp = 1;
-  int zero = 0;            // the ZeRO stage with the hooks unit by unit; 0: stage 1 without hooks (ranks > tp)
+  int zero = 0;            // the ZeRO stage with the hooks unit by unit; 0: stage 1 without hooks
+  std::string comm = "threads";      // threads: ranks as threads of this process; mpi: one per process
+  std::string param_dtype = "fp32";  // fp32, or bf16 with fp32 master weights
+  std::string state = "fp32";        // fp32, or q8 (8-bit block-wise states; adamw)
   int threads = -1;        // per rank; -1: 2 per process, split over its ranks
   std::uint64_t seed = 0;
   std::string data_dir = default_corpus_dir;
@@ -56,6 +59,8 @@ history train_adamw(const config& cfg);
 history train_adafactor(const config& cfg);
 history train_lamb(const config& cfg);
 history train_came(const config& cfg);
+history train_galore_adamw(const config& cfg);
+history train_muon(const config& cfg);
 
 /// --plot: the loss curves as a PNG drawn by gnuplot.
 void write_plot(const std::string& path, const std::string& title, const history& h);

@@ -18,34 +18,47 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <span>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gpt.hpp"
-#include "train.hpp"  // draw_init
+
+#ifdef DISTOPT_GPT_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
 
 namespace {
 
 constexpr const char* usage_text =
-    "usage: distopt-gpt [--optimizer adafactor|adamw|lamb|came] [--set KEY=VALUE]...\n"
-    "                   [--tp T] [--ranks N] [--zero 1|2|3] [--threads N]\n"
+    "usage: distopt-gpt [--optimizer adafactor|adamw|lamb|came|galore_adamw|muon] [--set KEY=VALUE]...\n"
+    "                   [--tp T] [--ranks N] [--comm threads|mpi] [--zero 1|2|3] [--threads N]\n"
+    "                   [--param-dtype fp32|bf16] [--state fp32|q8]\n"
     "                   [--steps N] [--batch N] [--seq N] [--dim N] [--layers N] [--heads N] [--ffn N]\n"
     "                   [--eval-every N] [--eval-batches N] [--seed N] [--data DIR]\n"
     "                   [--log FILE.csv] [--plot FILE.png]\n"
     "                   [--checkpoint DIR [--checkpoint-every N]] [--resume DIR]\n"
     "                   [--init FILE] [--batches FILE] [--save-init DIR] [--dump-grads FILE]\n"
+    "                   [--expect FILE [--rtol R]]\n"
     "Trains a Llama-style decoder (RMSNorm, rotary attention, SwiGLU) on fortune cookies, a\n"
     "byte a token.\n"
     "  --optimizer   default adafactor (transformers' defaults: relative step size); adamw,\n"
-    "                lamb and came with their references' defaults; --set as in\n"
-    "                distopt-fashion-mnist. The norm weights have no weight decay.\n"
+    "                lamb and came with their references' defaults; galore_adamw (rank dim/4,\n"
+    "                a new projection every 200 steps, scale 0.25; not with --tp) and muon\n"
+    "                (AdamW on the embedding, output and norm weights, lr matched to AdamW's\n"
+    "                RMS) on the blocks' matrices; --set as in distopt-fashion-mnist. The norm\n"
+    "                weights have no weight decay.\n"
     "  --tp T        tensor-parallel ranks (Megatron's split: column-parallel wq, wk, wv, w1,\n"
     "                w3; row-parallel wo, w2; vocabulary-parallel embedding and output)\n"
-    "  --ranks N     every rank, as threads: N / T data-parallel ranks of T (default T)\n"
+    "  --ranks N     every rank, as threads: N / T data-parallel ranks of T (default T);\n"
+    "                --comm mpi: one rank a process, mpirun -np N distopt-gpt --comm mpi\n"
     "  --zero S      ZeRO stage with the overlap hooks unit by unit (default: stage 1 without)\n"
+    "  --param-dtype bf16  bf16 params with fp32 master weights; --state q8: 8-bit AdamW states\n"
+    "                (both at stage 1)\n"
     "  --batch N     sequences a step over every data-parallel rank (default 16; divides by N / T)\n"
     "  --seq N       tokens a sequence (default 64); model: --dim 128 --layers 4 --heads 4 --ffn 352\n"
     "  --steps N     default 300; --eval-every 50 steps the validation loss of --eval-batches 4\n"
@@ -86,6 +99,9 @@ gpt::config parse(int argc, char** argv) {
     } else if (flag == "--tp") c.tp = to_int(flag, v, 1, 64);
     else if (flag == "--ranks") c.ranks = to_int(flag, v, 1, 256), ranks_given = true;
     else if (flag == "--zero") c.zero = to_int(flag, v, 1, 3);
+    else if (flag == "--comm") c.comm = v;
+    else if (flag == "--param-dtype") c.param_dtype = v;
+    else if (flag == "--state") c.state = v;
     else if (flag == "--threads") c.threads = to_int(flag, v, 1, 1024);
     else if (flag == "--steps") c.steps = to_int(flag, v, 1, big);
     else if (flag == "--batch") c.batch = to_int(flag, v, 1, 65536);
@@ -109,12 +125,25 @@ gpt::config parse(int argc, char** argv) {
     else if (flag == "--dump-grads") c.dump_grads_path = v;
     else if (flag == "--expect") c.expect_path = v;
     else if (flag == "--rtol") {
-      c.rtol = std::strtod(std::string(v).c_str(), nullptr);
-      if (!(c.rtol >= 0.0)) throw gpt::usage_error("--rtol: '" + std::string(v) + "' is not a tolerance");
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), c.rtol);
+      if (ec != std::errc{} || end != v.data() + v.size() || !(c.rtol >= 0.0))
+        throw gpt::usage_error("--rtol: '" + std::string(v) + "' is not a tolerance (a number >= 0)");
     }
     else throw gpt::usage_error("unknown flag " + std::string(flag));
   }
-  if (!ranks_given) c.ranks = c.tp;
+  if (!ranks_given) c.ranks = 0;
+  return c;
+}
+
+/// The checks that need the number of ranks (--comm mpi: the world's).
+void validate(gpt::config& c, int world_size) {
+  if (world_size > 0) {
+    if (c.ranks > 0 && c.ranks != world_size)
+      throw gpt::usage_error("--ranks " + std::to_string(c.ranks) + " differs from the MPI world size " +
+                             std::to_string(world_size) + " (mpirun -np)");
+    c.ranks = world_size;
+  }
+  if (c.ranks == 0) c.ranks = c.tp;
   if (c.ranks % c.tp != 0)
     throw gpt::usage_error("--ranks " + std::to_string(c.ranks) + " is not a multiple of --tp " + std::to_string(c.tp));
   const int dp = c.ranks / c.tp;
@@ -126,16 +155,38 @@ gpt::config parse(int argc, char** argv) {
   } catch (const std::invalid_argument& e) {
     throw gpt::usage_error(e.what());
   }
-  if (c.threads < 0) c.threads = std::max(1, 2 / c.ranks);
-  if (!c.dump_grads_path.empty() && (c.ranks != 1 || c.zero != 0))
-    throw gpt::usage_error("--dump-grads: one rank without --zero only (the whole gradients of the first step)");
+  if (c.threads < 0) c.threads = std::max(1, 2 / c.ranks);  // 2 a process (MPI: a machine), split over its ranks
+  if (!c.dump_grads_path.empty() && (c.ranks != 1 || c.zero != 0 || !c.resume_dir.empty()))
+    throw gpt::usage_error("--dump-grads: one rank without --zero or --resume only (the whole gradients of the first step)");
+  // The activations' sizes, as ints, and attention's probabilities (sequences x heads x seq^2).
+  const std::int64_t rows = static_cast<std::int64_t>(c.batch / dp) * c.model.seq;
+  const std::int64_t widest = std::max({c.model.dim, c.model.ffn, c.model.vocab});
+  if (rows * widest >= (std::int64_t{1} << 31) ||
+      static_cast<std::int64_t>(c.batch / dp) * c.model.heads * c.model.seq * c.model.seq >= (std::int64_t{1} << 31))
+    throw gpt::usage_error("--batch " + std::to_string(c.batch) + " x --seq " + std::to_string(c.model.seq) +
+                           ": too large for this example's activations on a rank (2^31 floats)");
   if (!c.checkpoint_dir.empty() || !c.resume_dir.empty() || c.checkpoint_every > 0) {
 #ifndef DISTOPT_GPT_CHECKPOINT
     throw gpt::usage_error("--checkpoint/--resume: this distopt-gpt was built without distopt::checkpoint (xxHash)");
 #endif
     if (c.checkpoint_every > 0 && c.checkpoint_dir.empty()) throw gpt::usage_error("--checkpoint-every needs --checkpoint DIR");
   }
-  return c;
+  if (c.comm != "threads" && c.comm != "mpi") throw gpt::usage_error("--comm: '" + c.comm + "' (threads or mpi)");
+  if (c.param_dtype != "fp32" && c.param_dtype != "bf16")
+    throw gpt::usage_error("--param-dtype: '" + c.param_dtype + "' (fp32 or bf16)");
+  if (c.state != "fp32" && c.state != "q8") throw gpt::usage_error("--state: '" + c.state + "' (fp32 or q8)");
+  const bool matrices = c.optimizer == "galore_adamw" || c.optimizer == "muon";
+  const std::string what = "--optimizer " + c.optimizer;
+  if (c.state == "q8" && c.optimizer != "adamw")
+    throw gpt::usage_error("--state q8: built for --optimizer adamw only (8-bit states are for element-wise policies)");
+  if (c.state == "q8" && c.param_dtype == "bf16") throw gpt::usage_error("--state q8: with fp32 params only");
+  if (c.zero >= 2 && (matrices || c.param_dtype == "bf16" || c.state == "q8"))
+    throw gpt::usage_error("--zero " + std::to_string(c.zero) + ": not built for " +
+                           (matrices ? what : c.state == "q8" ? "--state q8" : "--param-dtype bf16") +
+                           " (stage 1 only here; the library runs them at every stage)");
+  if (matrices && c.param_dtype == "bf16") throw gpt::usage_error(what + ": with fp32 params only");
+  if (c.optimizer == "galore_adamw" && c.tp > 1)
+    throw gpt::usage_error("--optimizer galore_adamw: GaLore projects whole matrices, not with --tp");
 }
 
 /// --expect's losses: the JSON of gpt_reference.py (key --optimizer, then "loss"), or a
@@ -155,7 +206,9 @@ std::vector<double> expected_losses(const gpt::config& c) {
   std::getline(in, line);  // the header
   while (std::getline(in, line)) {
     const auto comma = line.find(',');
-    if (comma == std::string::npos) throw gpt::usage_error("--expect " + c.expect_path + ": not a --log file");
+    const unsigned long step = std::strtoul(line.c_str(), nullptr, 10);
+    if (comma == std::string::npos || step != losses.size() + 1)
+      throw gpt::usage_error("--expect " + c.expect_path + ": not a --log file of steps 1, 2, ... (line '" + line + "')");
     losses.push_back(std::strtod(line.c_str() + comma + 1, nullptr));
   }
   return losses;
@@ -163,10 +216,12 @@ std::vector<double> expected_losses(const gpt::config& c) {
 
 /// Compares the run's losses with --expect's, step by step; prints the worst difference.
 bool matches_expected(const gpt::config& c, const std::vector<double>& expected, const gpt::history& h) {
-  // A resumed run's losses are those of its steps from the checkpoint's on.
-  const std::size_t n = expected.size() > h.first_step ? std::min(expected.size() - h.first_step, h.train_loss.size()) : 0;
-  if (n == 0) {
-    std::cerr << "distopt-gpt: --expect " << c.expect_path << ": no step to compare\n";
+  // A resumed run's losses are those of its steps from the checkpoint's on; every step of
+  // the run must be in the file.
+  const std::size_t n = h.train_loss.size(), last = h.first_step + n;
+  if (n == 0 || expected.size() < last) {
+    std::cerr << "distopt-gpt: --expect " << c.expect_path << ": " << expected.size()
+              << " steps, the run's last step is " << last << "\n";
     return false;
   }
   double worst = 0.0;
@@ -189,7 +244,7 @@ void save_init(const gpt::config& c) {
   namespace fs = std::filesystem;
   fs::create_directories(c.save_init_dir);
   const auto tensors = gpt::model_tensors(c.model, 1);
-  const auto whole = gpt::draw_init(c.model, c.seed);
+  const auto whole = gpt::initial_weights(c.model, c.seed);
   distopt::io::safetensors_writer w;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
@@ -220,21 +275,62 @@ void save_init(const gpt::config& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef DISTOPT_GPT_MPI
+  std::optional<distopt::mpi_session> session;  // --comm mpi
+#endif
+  bool writer = true;  // prints the plot and the comparison; with --comm mpi rank 0 only
   try {
-    const gpt::config cfg = parse(argc, argv);
+    gpt::config cfg = parse(argc, argv);
+    int world_size = 0;
+    if (cfg.comm == "mpi") {
+#ifdef DISTOPT_GPT_MPI
+      session.emplace(argc, argv);
+      const distopt::mpi world(MPI_COMM_WORLD);
+      world_size = world.size();
+      writer = world.rank() == 0;
+#else
+      throw gpt::usage_error("--comm mpi: this distopt-gpt was built without MPI (configure with -DDISTOPT_ENABLE_MPI=ON)");
+#endif
+    }
+    validate(cfg, world_size);
     if (!cfg.save_init_dir.empty()) {
-      save_init(cfg);
+      if (writer) save_init(cfg);
       return 0;
     }
-    gpt::check_outputs(cfg);
+    gpt::check_outputs(cfg);  // every rank: a refusal on one only would leave the others waiting
     const std::vector<double> expected = cfg.expect_path.empty() ? std::vector<double>{} : expected_losses(cfg);
     openblas_set_num_threads(cfg.threads);
+    gpt::history (*train)(const gpt::config&) = nullptr;
+    if (cfg.optimizer == "adafactor") train = gpt::train_adafactor;
+    else if (cfg.optimizer == "adamw") train = gpt::train_adamw;
+    else if (cfg.optimizer == "lamb") train = gpt::train_lamb;
+    else if (cfg.optimizer == "came") train = gpt::train_came;
+    else if (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon") {
+#ifdef DISTOPT_GPT_GALORE
+      train = cfg.optimizer == "muon" ? gpt::train_muon : gpt::train_galore_adamw;
+#else
+      throw gpt::usage_error("--optimizer " + cfg.optimizer + ": this distopt-gpt was built without LAPACK");
+#endif
+    } else {
+      throw gpt::usage_error("--optimizer: unknown '" + cfg.optimizer +
+                             "' (adafactor, adamw, lamb, came, galore_adamw or muon)");
+    }
     gpt::history h;
-    if (cfg.optimizer == "adafactor") h = gpt::train_adafactor(cfg);
-    else if (cfg.optimizer == "adamw") h = gpt::train_adamw(cfg);
-    else if (cfg.optimizer == "lamb") h = gpt::train_lamb(cfg);
-    else if (cfg.optimizer == "came") h = gpt::train_came(cfg);
-    else throw gpt::usage_error("--optimizer: unknown '" + cfg.optimizer + "' (adafactor, adamw, lamb or came)");
+    try {
+      h = train(cfg);
+    } catch (const std::exception& e) {
+#ifdef DISTOPT_GPT_MPI
+      // The other processes may wait for this one in a collective: end them all.
+      if (session && cfg.ranks > 1) {
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        std::cerr << "distopt-gpt: error on rank " << rank << ": " << e.what() << std::endl;
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+#endif
+      throw;
+    }
+    if (!writer) return 0;
     if (!cfg.plot_path.empty()) {
       gpt::write_plot(cfg.plot_path, "distopt-gpt, " + cfg.optimizer, h);
       std::cout << "plot: " << cfg.plot_path << "\n";
@@ -242,7 +338,7 @@ int main(int argc, char** argv) {
     if (!cfg.expect_path.empty() && !matches_expected(cfg, expected, h)) return 1;
     return 0;
   } catch (const gpt::usage_error& e) {
-    std::cerr << "distopt-gpt: " << e.what() << "\n(distopt-gpt --help for the flags)\n";
+    if (writer) std::cerr << "distopt-gpt: " << e.what() << "\n(distopt-gpt --help for the flags)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "distopt-gpt: " << e.what() << "\n";

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -105,6 +106,18 @@ std::vector<tensor_info> model_tensors(const model_config& c, int tp) {
   return t;
 }
 
+std::vector<std::vector<float>> initial_weights(const model_config& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<std::vector<float>> whole;
+  for (const tensor_info& t : model_tensors(c, 1)) {
+    whole.emplace_back(static_cast<std::size_t>(t.rows * t.cols), 1.0f);
+    if (t.matrix())
+      for (float& x : whole.back()) x = normal(rng);
+  }
+  return whole;
+}
+
 namespace {
 /// Visits the (whole index, part index) pairs of TP rank `rank`'s part, row by row.
 template <class F>
@@ -149,11 +162,11 @@ model::model(model_config c, int max_sequences, tp_group tp) : c_(c), max_seq_(m
   cos_.resize(static_cast<std::size_t>(c_.seq) * half);
   sin_.resize(cos_.size());
   for (int t = 0; t < c_.seq; ++t)
-    for (int i = 0; i < half; ++i) {
+    for (int i = 0; i < half; ++i) {  // in double, rounded once (as the PyTorch reference's table)
       const double inv_freq = 1.0 / std::pow(static_cast<double>(c_.rope_theta), 2.0 * i / head_dim_);
-      const float angle = static_cast<float>(t) * static_cast<float>(inv_freq);  // as the reference: fp32 t * inv_freq
-      cos_[static_cast<std::size_t>(t) * half + i] = std::cos(angle);
-      sin_[static_cast<std::size_t>(t) * half + i] = std::sin(angle);
+      const double angle = t * inv_freq;
+      cos_[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
+      sin_[static_cast<std::size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
     }
   const std::size_t rows = static_cast<std::size_t>(max_seq_) * c_.seq, d = c_.dim;
   const std::size_t dl = dim_local_, fl = ffn_local_;

@@ -59,6 +59,12 @@ struct tensor_info {
 /// std::invalid_argument naming what does not divide (heads by tp, dim by heads, ...).
 std::vector<tensor_info> model_tensors(const model_config& c, int tp);
 
+/// GPT-2-style initialisation, whole tensors in model_tensors' order: N(0, 0.02) for every
+/// matrix (without GPT-2's 1/sqrt(2 layers) on the residual projections), ones for the norm
+/// weights, drawn from one generator seeded with `seed`, so that
+/// every TP size starts from the same model.
+std::vector<std::vector<float>> initial_weights(const model_config& c, std::uint64_t seed);
+
 /// TP rank `rank`'s part of a whole tensor (row-major), as model_tensors splits it.
 std::vector<float> part_of(const tensor_info& t, std::span<const float> whole, int tp, int rank);
 /// The inverse: writes a TP rank's part into its place in the whole tensor.

@@ -35,7 +35,7 @@ void write_plot(const std::string& path, const std::string& title, const history
   for (std::size_t i = 0; i < h.train_loss.size(); ++i) {
     window_sum += h.train_loss[i];
     if (i >= window) window_sum -= h.train_loss[i - window];
-    s << i + 1 << ' ' << h.train_loss[i] << ' ' << window_sum / static_cast<double>(i < window ? i + 1 : window) << '\n';
+    s << h.first_step + i + 1 << ' ' << h.train_loss[i] << ' ' << window_sum / static_cast<double>(i < window ? i + 1 : window) << '\n';
   }
   s << "EOD\n$val << EOD\n";
   for (const auto& [step, loss] : h.val_loss) s << step << ' ' << loss << '\n';

@@ -10,13 +10,18 @@
 #ifdef DISTOPT_GPT_CHECKPOINT
 #include <distopt/checkpoint.hpp>
 #endif
+#ifdef DISTOPT_GPT_MPI
+#include <distopt/comm/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -32,9 +37,27 @@
 namespace gpt {
 
 /// What the ranks of the process share, read and checked before any rank starts.
+/// Whether the policy treats some matrices apart (GaLore's projected ones, Muon's
+/// orthogonalised ones): the embedding and the output projection then go to a third group,
+/// without that treatment (GaLore's recipe keeps them full-rank; Moonlight's Muon gives them
+/// AdamW), as the norm weights.
+template <class Policy>
+inline constexpr bool has_matrix_groups =
+    distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
+
+/// A tensor's hyper-parameter group: 0 the matrices (weight decay; GaLore's projection,
+/// Muon), 1 the norm weights (no weight decay, no matrix treatment), 2 the embedding and the
+/// output projection under GaLore and Muon (weight decay, no matrix treatment).
+template <class Policy>
+int group_of(const tensor_info& t) {
+  if (!t.matrix()) return 1;
+  const bool vocabulary = t.unit == 0 || t.name == "output.weight";
+  return has_matrix_groups<Policy> && vocabulary ? 2 : 0;
+}
+
 template <class Policy>
 struct prepared {
-  typename Policy::hyper_params decay, no_decay;  // the matrices', the norm weights'
+  std::vector<typename Policy::hyper_params> groups;  // group_of's
   std::optional<corpus> text;                     // without --batches, or for validation
   std::vector<std::vector<float>> init;           // --init: whole tensors, model_tensors' order
   std::vector<std::int32_t> batches;              // --batches: [steps, batch, seq + 1]
@@ -46,15 +69,30 @@ struct prepared {
 template <class Policy>
 prepared<Policy> prepare(const config& cfg) {
   prepared<Policy> p;
+  typename Policy::hyper_params h;
+  if constexpr (distopt::projects_matrices<Policy>) {
+    // GaLore's recipe (galore-torch's README) at this model's size: rank dim / 4, a new
+    // projection every 200 steps, scale 0.25.
+    h.rank = std::max(1, cfg.model.dim / 4);
+    h.update_proj_gap = 200;
+    h.scale = 0.25;
+  } else if constexpr (distopt::orthogonalizes_matrices<Policy>) {
+    // Moonlight's recipe: the update's RMS matched to AdamW's, one lr for Muon and AdamW.
+    h.adjust_lr_fn = decltype(h.adjust_lr_fn)::match_rms_adamw;
+  }
   try {
-    p.decay = distopt::apply_hyper_params<Policy>(typename Policy::hyper_params{}, cfg.sets);
+    h = distopt::apply_hyper_params<Policy>(std::move(h), cfg.sets);
   } catch (const distopt::invalid_hyper_parameter& e) {
     throw usage_error(e.what());
   } catch (const std::invalid_argument& e) {
     throw usage_error(std::string("--set ") + e.what());
   }
-  p.no_decay = p.decay;
-  p.no_decay.weight_decay = 0.0;
+  p.groups.assign(has_matrix_groups<Policy> ? 3 : 2, h);
+  p.groups[1].weight_decay = 0.0;
+  for (std::size_t g = 1; g < p.groups.size(); ++g) {
+    if constexpr (distopt::projects_matrices<Policy>) p.groups[g].rank.reset();
+    if constexpr (distopt::orthogonalizes_matrices<Policy>) p.groups[g].use_muon = false;
+  }
   const std::vector<tensor_info> tensors = model_tensors(cfg.model, 1);
   if (!cfg.init_path.empty()) {
     const auto file = distopt::io::safetensors_reader::open(cfg.init_path);
@@ -83,25 +121,21 @@ prepared<Policy> prepare(const config& cfg) {
     const auto bytes = file.bytes("tokens");
     p.batches.resize(bytes.size() / sizeof(std::int32_t));
     std::memcpy(p.batches.data(), bytes.data(), bytes.size());
+    for (std::size_t i = 0; i < p.batches.size(); ++i)
+      if (p.batches[i] < 0 || p.batches[i] >= cfg.model.vocab)
+        throw usage_error("--batches " + cfg.batches_path + ": token " + std::to_string(p.batches[i]) + " at index " +
+                          std::to_string(i) + " is outside the vocabulary of " + std::to_string(cfg.model.vocab));
     p.batch_count = static_cast<std::size_t>(shape[0]);
   }
-  if (cfg.batches_path.empty() || cfg.eval_batches > 0) p.text = load_corpus(cfg.data_dir);
-  return p;
-}
-
-/// GPT-2's initialisation (N(0, 0.02) for every matrix, ones for the norm weights), each
-/// whole tensor drawn in model_tensors' order from one generator seeded with --seed, so that
-/// every TP size starts from the same model.
-inline std::vector<std::vector<float>> draw_init(const model_config& c, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  std::vector<std::vector<float>> whole;
-  for (const tensor_info& t : model_tensors(c, 1)) {
-    whole.emplace_back(static_cast<std::size_t>(t.rows * t.cols), 1.0f);
-    if (t.matrix())
-      for (float& x : whole.back()) x = normal(rng);
+  if (cfg.batches_path.empty() || cfg.eval_batches > 0) {
+    try {
+      p.text = load_corpus(cfg.data_dir);
+    } catch (const std::runtime_error& e) {
+      if (cfg.batches_path.empty()) throw;
+      throw std::runtime_error(std::string(e.what()) + "; with --batches, --eval-batches 0 runs without a corpus");
+    }
   }
-  return whole;
+  return p;
 }
 
 /// The sequences of data-parallel rank `d` of `dp`: a contiguous share of the batch's rows.
@@ -109,9 +143,10 @@ inline std::pair<int, int> sequences_of(int batch, int dp, int d) { return {d * 
 
 /// One rank: `dp_comm` its data-parallel group, `tp_opt` and `tp_model` two handles of its
 /// tensor-parallel group (the optimizer's and the model's activations').
-template <class Policy, class Storage>
+template <class Policy, class Storage, class Param = float>
 history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_comm dp_comm,
                    distopt::any_comm tp_opt, distopt::any_comm tp_model) {
+  constexpr bool fp32_params = std::is_same_v<Param, float>;
   using clock = std::chrono::steady_clock;
   using seconds = std::chrono::duration<double>;
   constexpr int zero_stage = distopt::storage_zero_stage<Storage>();
@@ -125,15 +160,19 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   const std::vector<tensor_info> tensors = model_tensors(mc, tp);
   distopt::layout layout;
   std::vector<std::vector<std::string>> unit_names(static_cast<std::size_t>(mc.layers + 2));
-  std::size_t whole_params = 0;
+  std::vector<std::vector<std::size_t>> unit_tensors(unit_names.size());  // indices into `tensors`
+  std::size_t whole_params = 0, whole_index = 0;
   for (const tensor_info& t : tensors) {
-    const distopt::tp_split how = t.how == split::rows   ? distopt::tp_split::rows
+    const distopt::tp_split how = tp == 1                ? distopt::tp_split::none  // whole (GaLore needs it so)
+                                  : t.how == split::rows ? distopt::tp_split::rows
                                   : t.how == split::cols ? distopt::tp_split::cols
                                                          : distopt::tp_split::none;
     std::vector<std::int64_t> shape{t.local_rows(tp)};
     if (t.matrix()) shape.push_back(t.local_cols(tp));
-    layout.add(t.name, shape, distopt::dtype::f32, t.matrix() ? 0 : 1, how);
+    layout.add(t.name, shape, distopt::dtype_of<Param>, group_of<Policy>(t), how);
     unit_names[static_cast<std::size_t>(t.unit)].push_back(t.name);
+    unit_tensors[static_cast<std::size_t>(t.unit)].push_back(whole_index);
+    ++whole_index;
     whole_params += static_cast<std::size_t>(t.rows * t.cols);
   }
   distopt::optimizer_options options;
@@ -141,9 +180,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   options.grad_reduce = distopt::reduce_op::sum;  // each rank's grads are already over the whole batch's positions
   if (hooks) options.bucket_elems = 1;           // a bucket per tensor: a unit's reduction starts after its backward
   const int threads = std::max(cfg.threads, 1);
-  distopt::optimizer<Policy, Storage, distopt::any_comm> opt(std::move(layout), {in.decay, in.no_decay}, options,
-                                                             distopt::make_executor<distopt::cpu>(threads),
-                                                             std::move(dp_comm));
+  distopt::optimizer<Policy, Storage, distopt::any_comm, distopt::cpu, distopt::precision<Param, float>> opt(
+      std::move(layout), in.groups, options, distopt::make_executor<distopt::cpu>(threads), std::move(dp_comm));
   if (tp > 1) opt.set_tensor_parallel_group(std::move(tp_opt));
   auto sum_over_dp = [&opt](double x) {
     double v[1] = {x};
@@ -153,12 +191,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
 
   // The initial model: --init's tensors or GPT-2's drawn from --seed, this TP rank's parts.
   {
-    const std::vector<std::vector<float>> whole = in.init.empty() ? draw_init(mc, cfg.seed) : in.init;
+    const std::vector<std::vector<float>> whole = in.init.empty() ? initial_weights(mc, cfg.seed) : in.init;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (hooks) opt.gather(tensors[i].name);  // ZeRO-3: a full view to write into
       const std::vector<float> part = part_of(tensors[i], whole[i], tp, tp_rank);
       auto p = opt.param(tensors[i].name);
-      std::copy(part.begin(), part.end(), p.begin());
+      std::transform(part.begin(), part.end(), p.begin(), [](float x) { return distopt::from_float<Param>(x); });
       if (hooks) opt.release(tensors[i].name, distopt::keep_writes);
     }
   }
@@ -167,6 +205,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   if (!cfg.resume_dir.empty()) {
     opt.load(cfg.resume_dir);
     first_step = static_cast<std::size_t>(opt.step_calls());
+    if (first_step >= static_cast<std::size_t>(cfg.steps))
+      throw std::runtime_error("--resume " + cfg.resume_dir + ": the checkpoint is at step " + std::to_string(first_step) +
+                               ", not before --steps " + std::to_string(cfg.steps) + ": nothing to run");
     if (writer) std::cout << "resumed from " << cfg.resume_dir << " at step " << first_step << "\n";
   }
 #endif
@@ -174,6 +215,16 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   // The model's units through the optimizer: with the hooks, gathered before each use (the
   // next unit prefetched meanwhile), released after it, their grads declared ready as soon
   // as backward has written them.
+  // bf16 params: the model reads a float copy of the unit in use, made as it is acquired
+  // (the optimizer keeps the fp32 master weights it updates). The model uses one unit at a
+  // time, so one buffer the size of the largest unit holds it.
+  std::vector<float> shadow;
+  if constexpr (!fp32_params)
+    for (const auto& unit : unit_tensors) {
+      std::size_t n = 0;
+      for (const std::size_t i : unit) n += static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
+      shadow.resize(std::max(shadow.size(), n));
+    }
   unit_calls calls;
   const int units = mc.layers + 2;
   calls.acquire = [&](int u, bool backward) {
@@ -184,8 +235,19 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
       if (next >= 0 && next < units) opt.prefetch(unit_names[static_cast<std::size_t>(next)]);
     }
     std::vector<tensor_ref> refs;
-    for (const std::string& n : names)
-      refs.push_back({opt.param(n).data(), backward ? opt.grad(n).data() : nullptr});
+    float* next_shadow = shadow.data();
+    for (const std::size_t i : unit_tensors[static_cast<std::size_t>(u)]) {
+      const std::string& n = tensors[i].name;
+      float* g = backward ? opt.grad(n).data() : nullptr;
+      if constexpr (fp32_params) {
+        refs.push_back({opt.param(n).data(), g});
+      } else {
+        auto p = opt.param(n);
+        std::transform(p.begin(), p.end(), next_shadow, [](Param x) { return distopt::to_float(x); });
+        refs.push_back({next_shadow, g});
+        next_shadow += p.size();
+      }
+    }
     return refs;
   };
   calls.release = [&](int u) {
@@ -234,14 +296,19 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     train_src->skip(first_step, cfg.batch);
   }
   if (writer) {
-    std::cout << "distopt-gpt: " << Policy::name << " " << distopt::hyper_params_string<Policy>(in.decay)
-              << " (norm weights: weight_decay=0)\n"
+    std::cout << "distopt-gpt: " << Policy::name << " " << distopt::hyper_params_string<Policy>(in.groups[0])
+              << " (norm weights: weight_decay=0" << (has_matrix_groups<Policy> ? "; embedding, output and norm weights: "
+                                                      + std::string(distopt::projects_matrices<Policy> ? "not projected" : "AdamW") : "")
+              << ")\n"
               << "model: Llama-style decoder, " << mc.layers << " layers, dim " << mc.dim << ", " << mc.heads
               << " heads, SwiGLU " << mc.ffn << ", vocabulary " << mc.vocab << " (bytes), " << T
               << " tokens a sequence: " << whole_params << " params";
     if (tp > 1) std::cout << " (" << opt.tensors().numel() << " on each TP rank)";
+    std::cout << ", " << (fp32_params ? "fp32" : "bf16 with fp32 master weights")
+              << (decltype(opt)::is_quantized ? ", 8-bit states" : "");
     std::cout << "\nrun: batch " << cfg.batch << " x " << T << " tokens, " << cfg.steps << " steps on " << dp * tp
-              << (dp * tp == 1 ? " rank" : " ranks as threads (" + std::to_string(dp) + " data-parallel x " +
+              << (dp * tp == 1 ? std::string(" rank")
+                                : (cfg.comm == "mpi" ? " MPI processes (" : " ranks as threads (") + std::to_string(dp) + " data-parallel x " +
                                                  std::to_string(tp) + " tensor-parallel)")
               << ", " << threads << (threads == 1 ? " thread" : " threads") << " a rank; state sharded over the data-parallel ranks, ZeRO-" << zero_stage
               << (hooks ? " with the hooks unit by unit" : "") << "\n";
@@ -252,11 +319,22 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     std::cout << std::flush;
   }
 
+  // --log: a resumed run keeps the rows up to its checkpoint's step (a crashed run may have
+  // written more) and appends from there; each row is flushed as written.
   std::FILE* log = nullptr;
   if (writer && !cfg.log_path.empty()) {
-    log = std::fopen(cfg.log_path.c_str(), first_step > 0 ? "a" : "w");
+    std::vector<std::string> kept;
+    if (first_step > 0) {
+      std::ifstream old(cfg.log_path);
+      for (std::string line; std::getline(old, line);)
+        if (!line.empty() && line.front() != 's' && std::strtoull(line.c_str(), nullptr, 10) <= first_step)
+          kept.push_back(line);
+    }
+    log = std::fopen(cfg.log_path.c_str(), "w");
     if (!log) throw std::runtime_error(cfg.log_path + ": cannot write");
-    if (first_step == 0) std::fputs("step,train_loss,val_loss\n", log);
+    std::fputs("step,train_loss,val_loss\n", log);
+    for (const std::string& line : kept) std::fprintf(log, "%s\n", line.c_str());
+    std::fflush(log);
   }
   history hist;
   hist.first_step = first_step;
@@ -302,6 +380,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
       std::fprintf(log, "%d,%a,", done, loss);
       if (val_loss) std::fprintf(log, "%a", *val_loss);
       std::fputc('\n', log);
+      std::fflush(log);
     }
     if (writer && (done % cfg.eval_every == 0 || done == cfg.steps)) {
       const double s = seconds(clock::now() - interval_start).count();
@@ -327,7 +406,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   if (skipped) std::cout << "skipped steps (NaN/Inf gradient): " << skipped << "\n";
   std::cout << "optimizer memory (rank 0 of " << dp << " data-parallel x " << tp << " tensor-parallel):\n"
             << opt.memory();
-  const std::size_t steps_run = static_cast<std::size_t>(cfg.steps) - first_step;
+  const std::size_t steps_run = hist.train_loss.size();
   char line[256];
   std::snprintf(line, sizeof line,
                 "time (rank 0): %.2f s, %.0f tokens/s; optimizer steps with communication %.2f s (%.1f%% of the "
@@ -338,28 +417,42 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   return hist;
 }
 
-/// Runs --ranks ranks as threads, rank r = d x tp + t, at --zero's stage (1 without it).
+/// One rank of `world` (rank r = d x tp + t) with the optimizer type that --zero, --param-dtype
+/// and --state name. main refuses what is not built here: GaLore and Muon, bf16 params and q8
+/// states at stage 1 only (as distopt-fashion-mnist; the library runs them at every stage),
+/// q8 for AdamW only.
+template <class Policy, class World>
+history train_world_rank(const config& cfg, const prepared<Policy>& in, World& world) {
+  const int tp = cfg.tp, rank = world.rank(), d = rank / tp, t = rank % tp;
+  distopt::any_comm tp_opt(world.split(d, t)), tp_model(world.split(d, t));
+  distopt::any_comm dp(world.split(t, d));
+  auto run = [&]<class Storage, class Param>() {
+    return train_rank<Policy, Storage, Param>(cfg, in, std::move(dp), std::move(tp_opt), std::move(tp_model));
+  };
+  if constexpr (!has_matrix_groups<Policy>) {
+    if (cfg.zero == 2) return run.template operator()<distopt::sharded<distopt::fp32, 2>, float>();
+    if (cfg.zero == 3) return run.template operator()<distopt::sharded<distopt::fp32, 3>, float>();
+    if (cfg.param_dtype == "bf16") return run.template operator()<distopt::sharded<distopt::fp32>, distopt::bf16>();
+  }
+  if constexpr (std::is_same_v<Policy, distopt::adamw>)
+    if (cfg.state == "q8") return run.template operator()<distopt::sharded<distopt::q8>, float>();
+  return run.template operator()<distopt::sharded<distopt::fp32>, float>();
+}
+
+/// Runs --ranks ranks as threads, or the MPI world with --comm mpi.
 template <class Policy>
 history train_policy(const config& cfg) {
   const prepared<Policy> in = prepare<Policy>(cfg);
-  const int tp = cfg.tp, dp = cfg.ranks / cfg.tp;
+#ifdef DISTOPT_GPT_MPI
+  if (cfg.comm == "mpi") {
+    distopt::mpi world(MPI_COMM_WORLD);
+    return train_world_rank<Policy>(cfg, in, world);
+  }
+#endif
   history out;
   distopt::run_ranks(cfg.ranks, [&](distopt::threads& world) {
-    const int rank = world.rank(), d = rank / tp, t = rank % tp;
-    distopt::any_comm tp_opt(world.split(d, t)), tp_model(world.split(d, t));
-    distopt::any_comm dp_comm(world.split(t, d));
-    (void)dp;
-    history h;
-    if (cfg.zero == 2)
-      h = train_rank<Policy, distopt::sharded<distopt::fp32, 2>>(cfg, in, std::move(dp_comm), std::move(tp_opt),
-                                                                 std::move(tp_model));
-    else if (cfg.zero == 3)
-      h = train_rank<Policy, distopt::sharded<distopt::fp32, 3>>(cfg, in, std::move(dp_comm), std::move(tp_opt),
-                                                                 std::move(tp_model));
-    else
-      h = train_rank<Policy, distopt::sharded<distopt::fp32>>(cfg, in, std::move(dp_comm), std::move(tp_opt),
-                                                              std::move(tp_model));
-    if (rank == 0) out = std::move(h);
+    history h = train_world_rank<Policy>(cfg, in, world);
+    if (world.rank() == 0) out = std::move(h);
   });
   return out;
 }
