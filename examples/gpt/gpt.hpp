@@ -33,6 +33,8 @@ struct config {
   std::string comm = "threads";      // threads: ranks as threads of this process; mpi: one per process
   std::string param_dtype = "fp32";  // fp32, or bf16 with fp32 master weights
   std::string state = "fp32";        // fp32, or q8 (8-bit block-wise states; adamw)
+  int accumulate = 1;                // --accumulate N: micro-batches a step (gradient accumulation)
+  bool accumulate_each = false;      // --accumulate-schedule each: reduced after each (else after the last)
   int threads = -1;        // per rank; -1: 2 per process, split over its ranks
   std::uint64_t seed = 0;
   std::string data_dir = default_corpus_dir;

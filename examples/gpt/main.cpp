@@ -37,7 +37,7 @@ namespace {
 constexpr const char* usage_text =
     "usage: distopt-gpt [--optimizer adafactor|adamw|lamb|came|galore_adamw|muon] [--set KEY=VALUE]...\n"
     "                   [--tp T] [--ranks N] [--comm threads|mpi] [--zero 1|2|3] [--threads N]\n"
-    "                   [--param-dtype fp32|bf16] [--state fp32|q8]\n"
+    "                   [--param-dtype fp32|bf16] [--state fp32|q8] [--accumulate N [--accumulate-schedule last|each]]\n"
     "                   [--steps N] [--batch N] [--seq N] [--dim N] [--layers N] [--heads N] [--ffn N]\n"
     "                   [--eval-every N] [--eval-batches N] [--seed N] [--data DIR]\n"
     "                   [--log FILE.csv] [--plot FILE.png]\n"
@@ -59,6 +59,8 @@ constexpr const char* usage_text =
     "  --zero S      ZeRO stage with the overlap hooks unit by unit (default: stage 1 without)\n"
     "  --param-dtype bf16  bf16 params with fp32 master weights; --state q8: 8-bit AdamW states\n"
     "                (both at stage 1)\n"
+    "  --accumulate N  N micro-batches a step (each rank's sequences split), the grads reduced\n"
+    "                after the last (or, --accumulate-schedule each, after each)\n"
     "  --batch N     sequences a step over every data-parallel rank (default 16; divides by N / T)\n"
     "  --seq N       tokens a sequence (default 64); model: --dim 128 --layers 4 --heads 4 --ffn 352\n"
     "  --steps N     default 300; --eval-every 50 steps the validation loss of --eval-batches 4\n"
@@ -102,6 +104,11 @@ gpt::config parse(int argc, char** argv) {
     else if (flag == "--comm") c.comm = v;
     else if (flag == "--param-dtype") c.param_dtype = v;
     else if (flag == "--state") c.state = v;
+    else if (flag == "--accumulate") c.accumulate = to_int(flag, v, 1, 1 << 16);
+    else if (flag == "--accumulate-schedule") {
+      if (v != "last" && v != "each") throw gpt::usage_error("--accumulate-schedule: '" + std::string(v) + "' (last or each)");
+      c.accumulate_each = v == "each";
+    }
     else if (flag == "--threads") c.threads = to_int(flag, v, 1, 1024);
     else if (flag == "--steps") c.steps = to_int(flag, v, 1, big);
     else if (flag == "--batch") c.batch = to_int(flag, v, 1, 65536);
@@ -156,13 +163,18 @@ void validate(gpt::config& c, int world_size) {
     throw gpt::usage_error(e.what());
   }
   if (c.threads < 0) c.threads = std::max(1, 2 / c.ranks);  // 2 a process (MPI: a machine), split over its ranks
-  if (!c.dump_grads_path.empty() && (c.ranks != 1 || c.zero != 0 || !c.resume_dir.empty()))
-    throw gpt::usage_error("--dump-grads: one rank without --zero or --resume only (the whole gradients of the first step)");
+  if ((c.batch / dp) % c.accumulate != 0)
+    throw gpt::usage_error("--accumulate " + std::to_string(c.accumulate) + ": a rank's " + std::to_string(c.batch / dp) +
+                           " sequences (--batch over the data-parallel ranks) do not divide into as many micro-batches");
+  if (!c.dump_grads_path.empty() && (c.ranks != 1 || c.zero != 0 || !c.resume_dir.empty() || c.accumulate > 1))
+    throw gpt::usage_error("--dump-grads: one rank without --zero, --resume or --accumulate only (the whole gradients of "
+                           "the first step)");
   // The activations' sizes, as ints, and attention's probabilities (sequences x heads x seq^2).
-  const std::int64_t rows = static_cast<std::int64_t>(c.batch / dp) * c.model.seq;
+  const std::int64_t rows = static_cast<std::int64_t>(c.batch / dp / c.accumulate) * c.model.seq;
   const std::int64_t widest = std::max({c.model.dim, c.model.ffn, c.model.vocab});
   if (rows * widest >= (std::int64_t{1} << 31) ||
-      static_cast<std::int64_t>(c.batch / dp) * c.model.heads * c.model.seq * c.model.seq >= (std::int64_t{1} << 31))
+      static_cast<std::int64_t>(c.batch / dp / c.accumulate) * c.model.heads * c.model.seq * c.model.seq >=
+          (std::int64_t{1} << 31))
     throw gpt::usage_error("--batch " + std::to_string(c.batch) + " x --seq " + std::to_string(c.model.seq) +
                            ": too large for this example's activations on a rank (2^31 floats)");
   if (!c.checkpoint_dir.empty() || !c.resume_dir.empty() || c.checkpoint_every > 0) {

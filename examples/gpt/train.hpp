@@ -179,6 +179,9 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   options.seed = cfg.seed;
   options.grad_reduce = distopt::reduce_op::sum;  // each rank's grads are already over the whole batch's positions
   if (hooks) options.bucket_elems = 1;           // a bucket per tensor: a unit's reduction starts after its backward
+  options.micro_batches = cfg.accumulate;        // --accumulate N: N micro-batches a step
+  options.accumulate = cfg.accumulate_each ? distopt::accumulation::reduce_each : distopt::accumulation::reduce_last;
+  const bool accumulating = cfg.accumulate > 1;
   const int threads = std::max(cfg.threads, 1);
   distopt::optimizer<Policy, Storage, distopt::any_comm, distopt::cpu, distopt::precision<Param, float>> opt(
       std::move(layout), in.groups, options, distopt::make_executor<distopt::cpu>(threads), std::move(dp_comm));
@@ -225,6 +228,16 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
       for (const std::size_t i : unit) n += static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
       shadow.resize(std::max(shadow.size(), n));
     }
+  // --accumulate: backward writes a unit's grads into `staged`, and grads_written adds them
+  // into the optimizer's views (zeroed at a step's first view), once per element, so that
+  // micro-batches add as the data-parallel ranks' parts of a batch do.
+  std::vector<float> staged;
+  if (accumulating)
+    for (const auto& unit : unit_tensors) {
+      std::size_t n = 0;
+      for (const std::size_t i : unit) n += static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
+      staged.resize(std::max(staged.size(), n));
+    }
   unit_calls calls;
   const int units = mc.layers + 2;
   calls.acquire = [&](int u, bool backward) {
@@ -236,9 +249,11 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     }
     std::vector<tensor_ref> refs;
     float* next_shadow = shadow.data();
+    float* next_staged = staged.data();
     for (const std::size_t i : unit_tensors[static_cast<std::size_t>(u)]) {
       const std::string& n = tensors[i].name;
-      float* g = backward ? opt.grad(n).data() : nullptr;
+      float* g = !backward ? nullptr : accumulating ? next_staged : opt.grad(n).data();
+      next_staged += accumulating ? static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp)) : 0;
       if constexpr (fp32_params) {
         refs.push_back({opt.param(n).data(), g});
       } else {
@@ -254,6 +269,14 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     if (hooks) opt.release(unit_names[static_cast<std::size_t>(u)]);
   };
   calls.grads_written = [&](int u) {
+    if (accumulating) {
+      const float* from = staged.data();
+      for (const std::size_t i : unit_tensors[static_cast<std::size_t>(u)]) {
+        auto g = opt.grad(tensors[i].name);
+        for (std::size_t k = 0; k < g.size(); ++k) g[k] += from[k];
+        from += g.size();
+      }
+    }
     if (hooks) opt.grads_ready(unit_names[static_cast<std::size_t>(u)]);
   };
 
@@ -262,7 +285,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     group = {tp_rank, tp, [&tp_model](std::span<float> v) { tp_model.all_reduce(v, distopt::reduce_op::sum); },
              [&tp_model](std::span<float> v) { tp_model.all_reduce(v, distopt::reduce_op::max); }};
   const auto [first_seq, local_seqs] = sequences_of(cfg.batch, dp, dp_rank);
-  model net(mc, local_seqs, std::move(group));
+  const int micro_seqs = local_seqs / cfg.accumulate;  // main checked that it divides
+  model net(mc, micro_seqs, std::move(group));
 
   const int T = mc.seq, stride = T + 1;
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(local_seqs) * T), targets(inputs.size());
@@ -285,7 +309,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     double sum = 0.0;
     for (const auto& b : val) {
       take(b.data());
-      sum += net.loss(calls, inputs.data(), targets.data(), local_seqs);
+      for (int k = 0; k < cfg.accumulate; ++k) {  // in micro-batches, as training: the model holds that many
+        const std::size_t at = static_cast<std::size_t>(k) * micro_seqs * T;
+        sum += net.loss(calls, inputs.data() + at, targets.data() + at, micro_seqs);
+      }
     }
     return sum_over_dp(sum) / (positions * static_cast<double>(val.size()));
   };
@@ -311,7 +338,11 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
                                 : (cfg.comm == "mpi" ? " MPI processes (" : " ranks as threads (") + std::to_string(dp) + " data-parallel x " +
                                                  std::to_string(tp) + " tensor-parallel)")
               << ", " << threads << (threads == 1 ? " thread" : " threads") << " a rank; state sharded over the data-parallel ranks, ZeRO-" << zero_stage
-              << (hooks ? " with the hooks unit by unit" : "") << "\n";
+              << (hooks ? " with the hooks unit by unit" : "");
+    if (accumulating)
+      std::cout << "; " << cfg.accumulate << " micro-batches a step, the grads reduced "
+                << (cfg.accumulate_each ? "after each (into an fp32 accumulator)" : "after the last");
+    std::cout << "\n";
     if (in.text && in.batches.empty())
       std::cout << "data: " << in.text->files << " fortune files, " << in.text->fortunes << " fortunes: "
                 << in.text->train.size() << " training bytes, " << in.text->validation.size()
@@ -353,7 +384,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
       batch = in.batches.data() + step * static_cast<std::size_t>(cfg.batch) * stride;
     }
     take(batch);
-    const double local = net.train_batch(calls, inputs.data(), targets.data(), local_seqs, positions);
+    double local = 0.0;
+    for (int k = 0; k < cfg.accumulate; ++k) {  // --accumulate N: micro-batch k of this rank's sequences
+      const std::size_t at = static_cast<std::size_t>(k) * micro_seqs * T;
+      local += net.train_batch(calls, inputs.data() + at, targets.data() + at, micro_seqs, positions);
+      if (accumulating) opt.end_micro_batch();
+    }
     const double loss = sum_over_dp(local) / positions;
     if (step == 0 && !cfg.dump_grads_path.empty()) {  // main allows it on one rank without the hooks
       distopt::io::safetensors_writer w;
