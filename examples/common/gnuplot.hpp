@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -32,11 +35,22 @@ inline bool on_path(const std::string& program) {
   return false;
 }
 
+/// Why a run's --log and --plot files could not be written, checked before it trains: no
+/// gnuplot on PATH, a plot name with a line break (gnuplot's script could not quote it), a
+/// file that cannot be opened. Empty when they can.
+inline std::string output_problem(const std::string& log_path, const std::string& plot_path) {
+  if (!plot_path.empty() && !on_path("gnuplot"))
+    return "--plot: gnuplot is not on PATH (install it: apt-get install gnuplot-nox)";
+  if (plot_path.find_first_of("\n\r") != std::string::npos)
+    return "--plot: the file name must not contain a line break";
+  for (const std::string& path : {log_path, plot_path})
+    if (!path.empty() && !std::ofstream(path, std::ios::app)) return path + ": cannot write (" + std::strerror(errno) + ")";
+  return {};
+}
+
 /// The lines that make gnuplot write a PNG to `path` (pngcairo where it has it, plain png
-/// otherwise). Throws std::invalid_argument for a file name with a line break.
+/// otherwise); output_problem has refused a name with a line break.
 inline std::string gnuplot_png(const std::string& path, int width, int height) {
-  if (path.find_first_of("\n\r") != std::string::npos)
-    throw std::invalid_argument("--plot: the file name must not contain a line break");
   const std::string size = " size " + std::to_string(width) + "," + std::to_string(height);
   return "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo" + size +
          " } else { set terminal png" + size + " }\nset output " + gnuplot_quoted(path) + "\n";

@@ -97,8 +97,6 @@ history train_muon(const config&);
 /// --backend cuda (train_cuda.cu, a build with CUDA): one rank on GPU 0, adamw or adafactor.
 history train_cuda(const config&);
 
-/// Fails early (usage_error naming the package) when gnuplot is not on PATH.
-void require_gnuplot();
 /// Fails early (usage_error) when --plot needs gnuplot and it is missing, or when the
 /// --log or --plot file cannot be written. Run by the process that writes them.
 void check_outputs(const config& cfg);

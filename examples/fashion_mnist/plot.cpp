@@ -4,39 +4,22 @@
 // and the early check that the output files can be written.
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <sstream>
-#include <stdexcept>
 #include <string>
-#include <string_view>
 
 #include "fashion_mnist.hpp"
 #include "gnuplot.hpp"
 
 namespace fmnist {
 
-void require_gnuplot() {
-  if (!examples::on_path("gnuplot"))
-    throw usage_error("--plot: gnuplot is not on PATH (install it: apt-get install gnuplot-nox)");
-}
-
 void check_outputs(const config& cfg) {
-  if (!cfg.plot_path.empty()) require_gnuplot();
-  for (const std::string& path : {cfg.log_path, cfg.plot_path})
-    if (!path.empty() && !std::ofstream(path, std::ios::app))
-      throw usage_error(path + ": cannot write (" + std::strerror(errno) + ")");
+  if (const std::string why = examples::output_problem(cfg.log_path, cfg.plot_path); !why.empty())
+    throw usage_error(why);
 }
 
 void write_plot(const std::string& path, const std::string& title, const history& h) {
   std::ostringstream s;
-  try {
-    s << examples::gnuplot_png(path, 900, 720);
-  } catch (const std::invalid_argument& e) {
-    throw usage_error(e.what());
-  }
+  s << examples::gnuplot_png(path, 900, 720);
 
   // Per-step loss is noisy: draw it faintly under a running mean of 50 steps.
   const double per_epoch = static_cast<double>(h.steps_per_epoch ? h.steps_per_epoch : 1);

@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
     if (!cfg.expect_path.empty() && !matches_expected(cfg, expected, h)) return 1;
     return 0;
   } catch (const gpt::usage_error& e) {
-    if (writer) std::cerr << "distopt-gpt: " << e.what() << "\n(distopt-gpt --help for the flags)\n";
+    if (writer) std::cerr << "distopt-gpt: " << e.what() << " (distopt-gpt --help for the flags)\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "distopt-gpt: " << e.what() << "\n";

@@ -2,9 +2,6 @@
 // Copyright 2026 the distopt authors
 // --plot: the training loss per step (with a running mean) and the validation loss.
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -15,20 +12,13 @@
 namespace gpt {
 
 void check_outputs(const config& cfg) {
-  if (!cfg.plot_path.empty() && !examples::on_path("gnuplot"))
-    throw usage_error("--plot: gnuplot is not on PATH (install it: apt-get install gnuplot-nox)");
-  for (const std::string& path : {cfg.log_path, cfg.plot_path})
-    if (!path.empty() && !std::ofstream(path, std::ios::app))
-      throw usage_error(path + ": cannot write (" + std::strerror(errno) + ")");
+  if (const std::string why = examples::output_problem(cfg.log_path, cfg.plot_path); !why.empty())
+    throw usage_error(why);
 }
 
 void write_plot(const std::string& path, const std::string& title, const history& h) {
   std::ostringstream s;
-  try {
-    s << examples::gnuplot_png(path, 900, 540);
-  } catch (const std::invalid_argument& e) {
-    throw usage_error(e.what());
-  }
+  s << examples::gnuplot_png(path, 900, 540);
   s << "$train << EOD\n";
   double window_sum = 0.0;
   constexpr std::size_t window = 20;
