@@ -215,29 +215,25 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   }
 #endif
 
+  // Two buffers of one unit's size, as the model uses one unit at a time. bf16 params: the
+  // model reads a float copy of the unit in use, made as it is acquired (the optimizer keeps
+  // the fp32 master weights it updates). --accumulate: backward writes a unit's grads into
+  // `staged`, and grads_written adds them into the optimizer's views (zeroed at a step's
+  // first view), once per element, so that micro-batches add as the data-parallel ranks'
+  // parts of a batch do.
+  const auto local_numel = [&](std::size_t i) {
+    return static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
+  };
+  std::size_t largest_unit = 0;
+  for (const auto& unit : unit_tensors) {
+    std::size_t n = 0;
+    for (const std::size_t i : unit) n += local_numel(i);
+    largest_unit = std::max(largest_unit, n);
+  }
+  std::vector<float> shadow(fp32_params ? 0 : largest_unit), staged(accumulating ? largest_unit : 0);
   // The model's units through the optimizer: with the hooks, gathered before each use (the
   // next unit prefetched meanwhile), released after it, their grads declared ready as soon
   // as backward has written them.
-  // bf16 params: the model reads a float copy of the unit in use, made as it is acquired
-  // (the optimizer keeps the fp32 master weights it updates). The model uses one unit at a
-  // time, so one buffer the size of the largest unit holds it.
-  std::vector<float> shadow;
-  if constexpr (!fp32_params)
-    for (const auto& unit : unit_tensors) {
-      std::size_t n = 0;
-      for (const std::size_t i : unit) n += static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
-      shadow.resize(std::max(shadow.size(), n));
-    }
-  // --accumulate: backward writes a unit's grads into `staged`, and grads_written adds them
-  // into the optimizer's views (zeroed at a step's first view), once per element, so that
-  // micro-batches add as the data-parallel ranks' parts of a batch do.
-  std::vector<float> staged;
-  if (accumulating)
-    for (const auto& unit : unit_tensors) {
-      std::size_t n = 0;
-      for (const std::size_t i : unit) n += static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp));
-      staged.resize(std::max(staged.size(), n));
-    }
   unit_calls calls;
   const int units = mc.layers + 2;
   calls.acquire = [&](int u, bool backward) {
@@ -253,7 +249,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     for (const std::size_t i : unit_tensors[static_cast<std::size_t>(u)]) {
       const std::string& n = tensors[i].name;
       float* g = !backward ? nullptr : accumulating ? next_staged : opt.grad(n).data();
-      next_staged += accumulating ? static_cast<std::size_t>(tensors[i].local_rows(tp) * tensors[i].local_cols(tp)) : 0;
+      next_staged += accumulating ? local_numel(i) : 0;
       if constexpr (fp32_params) {
         refs.push_back({opt.param(n).data(), g});
       } else {
