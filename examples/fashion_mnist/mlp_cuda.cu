@@ -46,20 +46,6 @@ __global__ void softmax_cross_entropy(const float* logits, const std::uint8_t* l
   d[label] -= inv;
 }
 
-// The sum of n doubles in a fixed order: one block, a strided sum per thread, then a tree.
-__global__ void sum_in_order(const double* v, int n, double* out) {
-  __shared__ double part[threads];
-  double s = 0.0;
-  for (int i = static_cast<int>(threadIdx.x); i < n; i += threads) s += v[i];
-  part[threadIdx.x] = s;
-  __syncthreads();
-  for (int w = threads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = part[0];
-}
-
 // grad[c] = sum over rows of d[r, c] (a thread per column, rows in order): the bias grads.
 __global__ void column_sums(const float* d, int n, int m, float* grad) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -152,7 +138,7 @@ double device_mlp::train_batch(std::span<const device_linear> layers, const floa
   const float* logits = forward(layers, x, n);
   softmax_cross_entropy<<<(n + threads - 1) / threads, threads, 0, stream_>>>(
       logits, labels, n, classes, 1.0f / static_cast<float>(divisor), delta_.data(), row_loss_.data());
-  sum_in_order<<<1, threads, 0, stream_>>>(row_loss_.data(), n, loss_.data());
+  examples::cuda::sum_in_order<threads><<<1, threads, 0, stream_>>>(row_loss_.data(), n, loss_.data());
   const float one = 1.0f, zero = 0.0f;
   for (int l = count - 1; l >= 0; --l) {
     const device_linear& layer = layers[static_cast<std::size_t>(l)];

@@ -21,45 +21,12 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_support.cuh"
+
 namespace fmnist::gpu {
 
-/// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("distopt-fashion-mnist: ") + what + ": " + cudaGetErrorString(e));
-}
-inline void check(cublasStatus_t e, const char* what) {
-  if (e != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("distopt-fashion-mnist: ") + what + ": cuBLAS status " + std::to_string(int(e)));
-}
-
-/// `n` elements of device memory, freed when it goes.
-template <class T>
-class device_array {
- public:
-  device_array() = default;
-  explicit device_array(std::size_t n) : n_(n) {
-    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-  }
-  device_array(device_array&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  device_array& operator=(device_array&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~device_array() {
-    if (p_) cudaFree(p_);
-  }
-  T* data() const noexcept { return p_; }
-  std::size_t size() const noexcept { return n_; }
-  /// Copies `v` in (synchronously; `v` has at most size() elements).
-  void upload(const std::vector<T>& v) {
-    check(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (to the device)");
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using examples::cuda::check;
+using examples::cuda::device_array;
 
 /// One Linear layer (torch.nn.Linear's layout: weight [out, in] row-major, bias [out]) in
 /// device memory; the grads may be null for evaluation.

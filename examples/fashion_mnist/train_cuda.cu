@@ -34,47 +34,7 @@
 namespace fmnist {
 namespace {
 
-/// A CUDA event pair around each step(), so that the optimizer's share is GPU time (the
-/// host only enqueues the step).
-class step_timer {
- public:
-  step_timer() {
-    gpu::check(cudaEventCreate(&begin_), "cudaEventCreate");
-    gpu::check(cudaEventCreate(&end_), "cudaEventCreate");
-  }
-  ~step_timer() {
-    cudaEventDestroy(begin_);
-    cudaEventDestroy(end_);
-  }
-  step_timer(const step_timer&) = delete;
-  step_timer& operator=(const step_timer&) = delete;
-  void begin(cudaStream_t s) {
-    collect();
-    gpu::check(cudaEventRecord(begin_, s), "cudaEventRecord");
-  }
-  void end(cudaStream_t s) {
-    gpu::check(cudaEventRecord(end_, s), "cudaEventRecord");
-    open_ = true;
-  }
-  /// Seconds of the steps timed so far (waits for the last).
-  double seconds() {
-    collect();
-    return seconds_;
-  }
-
- private:
-  void collect() {
-    if (!open_) return;
-    float ms = 0.0f;
-    gpu::check(cudaEventSynchronize(end_), "cudaEventSynchronize");
-    gpu::check(cudaEventElapsedTime(&ms, begin_, end_), "cudaEventElapsedTime");
-    seconds_ += static_cast<double>(ms) * 1e-3;
-    open_ = false;
-  }
-  cudaEvent_t begin_ = nullptr, end_ = nullptr;
-  bool open_ = false;
-  double seconds_ = 0.0;
-};
+using examples::cuda::step_timer;
 
 template <class Policy>
 history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t stream) {

@@ -33,110 +33,9 @@
 #include <vector>
 
 #include "gpt.hpp"
+#include "setup.hpp"
 
 namespace gpt {
-
-/// What the ranks of the process share, read and checked before any rank starts.
-/// Whether the policy treats some matrices apart (GaLore's projected ones, Muon's
-/// orthogonalised ones): the embedding and the output projection then go to a third group,
-/// without that treatment (GaLore's recipe keeps them full-rank; Moonlight's Muon gives them
-/// AdamW), as the norm weights.
-template <class Policy>
-inline constexpr bool has_matrix_groups =
-    distopt::projects_matrices<Policy> || distopt::orthogonalizes_matrices<Policy>;
-
-/// A tensor's hyper-parameter group: 0 the matrices (weight decay; GaLore's projection,
-/// Muon), 1 the norm weights (no weight decay, no matrix treatment), 2 the embedding and the
-/// output projection under GaLore and Muon (weight decay, no matrix treatment).
-template <class Policy>
-int group_of(const tensor_info& t) {
-  if (!t.matrix()) return 1;
-  const bool vocabulary = t.unit == 0 || t.name == "output.weight";
-  return has_matrix_groups<Policy> && vocabulary ? 2 : 0;
-}
-
-template <class Policy>
-struct prepared {
-  std::vector<typename Policy::hyper_params> groups;  // group_of's
-  std::optional<corpus> text;                     // without --batches, or for validation
-  std::vector<std::vector<float>> init;           // --init: whole tensors, model_tensors' order
-  std::vector<std::int32_t> batches;              // --batches: [steps, batch, seq + 1]
-  std::size_t batch_count = 0;
-};
-
-/// The hyper-parameters: the reference's defaults, then every --set in order. The norm
-/// weights get no weight decay (as Llama's and nanoGPT's recipes).
-template <class Policy>
-prepared<Policy> prepare(const config& cfg) {
-  prepared<Policy> p;
-  typename Policy::hyper_params h;
-  if constexpr (distopt::projects_matrices<Policy>) {
-    // GaLore's recipe (galore-torch's README) at this model's size: rank dim / 4, a new
-    // projection every 200 steps, scale 0.25.
-    h.rank = std::max(1, cfg.model.dim / 4);
-    h.update_proj_gap = 200;
-    h.scale = 0.25;
-  } else if constexpr (distopt::orthogonalizes_matrices<Policy>) {
-    // Moonlight's recipe: the update's RMS matched to AdamW's, one lr for Muon and AdamW.
-    h.adjust_lr_fn = decltype(h.adjust_lr_fn)::match_rms_adamw;
-  }
-  try {
-    h = distopt::apply_hyper_params<Policy>(std::move(h), cfg.sets);
-  } catch (const distopt::invalid_hyper_parameter& e) {
-    throw usage_error(e.what());
-  } catch (const std::invalid_argument& e) {
-    throw usage_error(std::string("--set ") + e.what());
-  }
-  p.groups.assign(has_matrix_groups<Policy> ? 3 : 2, h);
-  p.groups[1].weight_decay = 0.0;
-  for (std::size_t g = 1; g < p.groups.size(); ++g) {
-    if constexpr (distopt::projects_matrices<Policy>) p.groups[g].rank.reset();
-    if constexpr (distopt::orthogonalizes_matrices<Policy>) p.groups[g].use_muon = false;
-  }
-  const std::vector<tensor_info> tensors = model_tensors(cfg.model, 1);
-  if (!cfg.init_path.empty()) {
-    const auto file = distopt::io::safetensors_reader::open(cfg.init_path);
-    for (const tensor_info& t : tensors) {
-      if (!file.contains(t.name)) throw usage_error("--init " + cfg.init_path + ": no tensor " + t.name);
-      const auto& info = file.info(t.name);
-      const std::vector<std::int64_t> shape = t.matrix() ? std::vector<std::int64_t>{t.rows, t.cols}
-                                                         : std::vector<std::int64_t>{t.rows};
-      if (info.shape != shape)
-        throw usage_error("--init " + cfg.init_path + ": " + t.name + " has another shape than the model's (see " +
-                          "--dim, --layers, --heads, --ffn)");
-      p.init.push_back(file.read_f32(t.name));
-    }
-  }
-  if (!cfg.batches_path.empty()) {
-    const auto file = distopt::io::safetensors_reader::open(cfg.batches_path);
-    if (!file.contains("tokens") || file.info("tokens").dtype != "I32" || file.info("tokens").shape.size() != 3)
-      throw usage_error("--batches " + cfg.batches_path + ": needs an I32 tensor 'tokens' [steps, batch, seq + 1]");
-    const auto& shape = file.info("tokens").shape;
-    if (shape[1] != cfg.batch || shape[2] != cfg.model.seq + 1)
-      throw usage_error("--batches " + cfg.batches_path + ": batches of " + std::to_string(shape[1]) + " x " +
-                        std::to_string(shape[2]) + " tokens, not --batch " + std::to_string(cfg.batch) + " x (--seq " +
-                        std::to_string(cfg.model.seq) + " + 1)");
-    if (shape[0] < cfg.steps)
-      throw usage_error("--batches " + cfg.batches_path + ": " + std::to_string(shape[0]) + " batches, fewer than --steps");
-    const auto bytes = file.bytes("tokens");
-    p.batches.resize(bytes.size() / sizeof(std::int32_t));
-    std::memcpy(p.batches.data(), bytes.data(), bytes.size());
-    for (std::size_t i = 0; i < p.batches.size(); ++i)
-      if (p.batches[i] < 0 || p.batches[i] >= cfg.model.vocab)
-        throw usage_error("--batches " + cfg.batches_path + ": token " + std::to_string(p.batches[i]) + " at index " +
-                          std::to_string(i) + " is outside the vocabulary of " + std::to_string(cfg.model.vocab));
-    p.batch_count = static_cast<std::size_t>(shape[0]);
-  }
-  if (cfg.batches_path.empty() || cfg.eval_batches > 0) {
-    try {
-      p.text = load_corpus(cfg.data_dir);
-    } catch (const std::runtime_error& e) {
-      if (cfg.batches_path.empty()) throw;
-      throw std::runtime_error(std::string(e.what()) + "; with --batches, --eval-batches 0 runs without a corpus");
-    }
-  }
-  return p;
-}
 
 /// The sequences of data-parallel rank `d` of `dp`: a contiguous share of the batch's rows.
 inline std::pair<int, int> sequences_of(int batch, int dp, int d) { return {d * (batch / dp), batch / dp}; }
@@ -346,30 +245,12 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     std::cout << std::flush;
   }
 
-  // --log: a resumed run keeps the rows up to its checkpoint's step (a crashed run may have
-  // written more) and appends from there; each row is flushed as written.
-  std::FILE* log = nullptr;
-  if (writer && !cfg.log_path.empty()) {
-    std::vector<std::string> kept;
-    if (first_step > 0) {
-      std::ifstream old(cfg.log_path);
-      for (std::string line; std::getline(old, line);)
-        if (!line.empty() && line.front() != 's' && std::strtoull(line.c_str(), nullptr, 10) <= first_step)
-          kept.push_back(line);
-    }
-    log = std::fopen(cfg.log_path.c_str(), "w");
-    if (!log) throw std::runtime_error(cfg.log_path + ": cannot write");
-    std::fputs("step,train_loss,val_loss\n", log);
-    for (const std::string& line : kept) std::fprintf(log, "%s\n", line.c_str());
-    std::fflush(log);
-  }
+  step_reporter report(cfg, first_step, writer, positions);
   history hist;
   hist.first_step = first_step;
-  double optimizer_seconds = 0.0, interval_loss = 0.0;
-  int interval_steps = 0;
+  double optimizer_seconds = 0.0;
   std::size_t skipped = 0;
   const auto start = clock::now();
-  auto interval_start = start;
   for (std::size_t step = first_step; step < static_cast<std::size_t>(cfg.steps); ++step) {
     std::vector<std::int32_t> drawn;
     const std::int32_t* batch = nullptr;
@@ -400,30 +281,13 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     skipped += opt.step().skipped;
     optimizer_seconds += seconds(clock::now() - step_start).count();
     hist.train_loss.push_back(loss);
-    interval_loss += loss;
-    ++interval_steps;
     const int done = static_cast<int>(step) + 1;
     std::optional<double> val_loss;
-    if (!val.empty() && (done % cfg.eval_every == 0 || done == cfg.steps)) {
+    if (!val.empty() && evaluation_due(cfg, done)) {
       val_loss = validation_loss();
       hist.val_loss.emplace_back(done, *val_loss);
     }
-    if (log) {
-      std::fprintf(log, "%d,%a,", done, loss);
-      if (val_loss) std::fprintf(log, "%a", *val_loss);
-      std::fputc('\n', log);
-      std::fflush(log);
-    }
-    if (writer && (done % cfg.eval_every == 0 || done == cfg.steps)) {
-      const double s = seconds(clock::now() - interval_start).count();
-      std::printf("step %d/%d  train loss %.4f", done, cfg.steps, interval_loss / interval_steps);
-      if (val_loss) std::printf("  val loss %.4f", *val_loss);
-      std::printf("  %.0f tokens/s\n", s > 0 ? positions * interval_steps / s : 0.0);
-      std::fflush(stdout);
-      interval_loss = 0.0;
-      interval_steps = 0;
-      interval_start = clock::now();
-    }
+    report.step(done, loss, val_loss);
 #ifdef DISTOPT_GPT_CHECKPOINT
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps)) {
@@ -432,20 +296,11 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     }
 #endif
   }
-  if (log) std::fclose(log);
   const double total = seconds(clock::now() - start).count();
-  if (!writer) return hist;
-  if (skipped) std::cout << "skipped steps (NaN/Inf gradient): " << skipped << "\n";
-  std::cout << "optimizer memory (rank 0 of " << dp << " data-parallel x " << tp << " tensor-parallel):\n"
-            << opt.memory();
-  const std::size_t steps_run = hist.train_loss.size();
-  char line[256];
-  std::snprintf(line, sizeof line,
-                "time (rank 0): %.2f s, %.0f tokens/s; optimizer steps with communication %.2f s (%.1f%% of the "
-                "time), forward/backward/data/evaluation the rest\n",
-                total, total > 0 ? positions * static_cast<double>(steps_run) / total : 0.0, optimizer_seconds,
-                total > 0 ? 100.0 * optimizer_seconds / total : 0.0);
-  std::cout << line << std::flush;
+  if (writer)
+    print_summary(opt, "rank 0 of " + std::to_string(dp) + " data-parallel x " + std::to_string(tp) + " tensor-parallel",
+                  "time (rank 0)", skipped, positions, hist.train_loss.size(), total, optimizer_seconds,
+                  "optimizer steps with communication");
   return hist;
 }
 
