@@ -10,7 +10,7 @@
 # CUDA_ARCH (default 90) and BUILD_DIR (default build-gpu) override the defaults.
 # COMPILE_ONLY=1 (CI's CUDA stage) leaves out the host halves that run.sh compares the GPU
 # with and that CI's release stage compiles already: distopt-replay's single mode and the
-# trainer's CPU optimizers. Such a folder is for the checks here, not for carrying.
+# trainers' CPU optimizers. Such a folder is for the checks here, not for carrying.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 arch=${CUDA_ARCH:-90}
@@ -19,7 +19,7 @@ bundle=$build/bundle
 programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/test_cuda_layerwise
           tests/cuda/test_cuda_galore tests/cuda/test_cuda_nccl tests/nccl/test_nccl_comm tests/nccl/test_nccl_multi_rank bench/gpu/distopt-bench-gpu-update bench/gpu/distopt-bench-gpu-step
           bench/gpu/distopt-bench-gpu-layerwise examples/replay/distopt-replay
-          examples/fashion_mnist/distopt-fashion-mnist)
+          examples/fashion_mnist/distopt-fashion-mnist examples/gpt/distopt-gpt)
 
 # distopt-replay without LAPACK (the GPU machine has no OpenBLAS): it then refuses
 # galore_adamw and muon, which run on host memory only anyway. It is built with the two modes
@@ -27,15 +27,16 @@ programs=(tests/cuda/test_cuda_update tests/cuda/test_cuda_optimizer tests/cuda/
 # in the release stage's ctest, and cost about half of each policy's host compile.
 # distopt-fashion-mnist with the CPU optimizer run.sh trains beside the GPU (adamw; about 90 s
 # of compile each: --backend cuda takes adamw and adafactor from train_cuda.cu either way).
-# It and test_cuda_galore (GaLore's CPU reference) link OpenBLAS statically.
-replay_modes="single;cuda" fmnist_optimizers=adamw
+# It, distopt-gpt (the CPU trainers beside --backend cuda) and test_cuda_galore (GaLore's CPU
+# reference) link OpenBLAS statically.
+replay_modes="single;cuda" fmnist_optimizers=adamw gpt_cpu_trainers=ON
 build_type=(-DCMAKE_BUILD_TYPE=Release)
 # COMPILE_ONLY also compiles without optimisation, host and device (ptxas and cicc at -O0):
 # the programs are not run, and the same sources compile or fail alike at any level. The host
 # loops skip their -O3 options too (DISTOPT_NO_HOT_LOOP_OPTIONS, config.hpp). run_adamw_cuda.cu:
 # 84 s of CPU against 127 s with the release flags (2026-12-02, the 2-core VM).
 if [ "${COMPILE_ONLY:-0}" = 1 ]; then
-  replay_modes=cuda fmnist_optimizers=
+  replay_modes=cuda fmnist_optimizers= gpt_cpu_trainers=OFF
   unoptimized="-O0 -DNDEBUG -DDISTOPT_NO_HOT_LOOP_OPTIONS"
   build_type=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=$unoptimized"
               "-DCMAKE_CUDA_FLAGS_DEBUG=$unoptimized -Xptxas=-O0 -Xcicc=-O0")
@@ -43,6 +44,7 @@ fi
 cmake -S . -B "$build" "${build_type[@]}" -DDISTOPT_ENABLE_CUDA=ON -DDISTOPT_ENABLE_NCCL=ON \
   -DDISTOPT_BUILD_EXAMPLES=ON -DCMAKE_DISABLE_FIND_PACKAGE_LAPACK=ON -DDISTOPT_STATIC_RUNTIMES=ON \
   "-DDISTOPT_REPLAY_MODES=$replay_modes" "-DDISTOPT_FASHION_MNIST_OPTIMIZERS=$fmnist_optimizers" \
+  "-DDISTOPT_GPT_CPU_TRAINERS=$gpt_cpu_trainers" \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" > /dev/null
 cmake --build "$build" -j2 --target "${programs[@]##*/}"
 
@@ -106,6 +108,15 @@ for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
     with gzip.open(f"{dst}/{name}.gz", "wb", compresslevel=9) as f:
         f.write(head + body)
 PY
+# distopt-gpt trains on Debian's fortunes there (the plain files, 1.3 MB: not the .dat indices
+# nor the .u8 links), and checks --backend cuda against PyTorch's losses (tests/reference/gpt,
+# as ctest's example.gpt.reference_* does on the CPU).
+mkdir -p "$bundle/fortunes" "$bundle/gpt-reference"
+for f in "${FORTUNES_DIR:-/usr/share/games/fortunes}"/*; do
+  [ -f "$f" ] && [ ! -L "$f" ] && [[ $f != *.dat ]] && cp "$f" "$bundle/fortunes/"
+done
+cp tests/reference/gpt/init.safetensors tests/reference/gpt/batches.safetensors tests/reference/gpt/golden.json \
+  "$bundle/gpt-reference/"
 # The device tool carries at most 64 MiB with the working tree: the programs without their
 # host symbols (kernel names stay, in the device code), each as name.xz, which run.sh
 # unpacks there (the replay tool: 29 MB, 4.4 MB compressed).

@@ -5,7 +5,8 @@
 #   executor, with threads and with nccl as its communicator; GaLore on cuda within
 #   rounding of the CPU (cuSOLVER's SVD); the NCCL communicator alone;
 #   distopt-replay --backend cuda against --backend cpu; distopt-fashion-mnist --backend
-#   cuda beside --backend cpu;
+#   cuda beside --backend cpu; distopt-gpt --backend cuda against PyTorch's losses, then its
+#   tokens/s with Adafactor and AdamW beside the CPU's;
 # - the benchmarks (the update kernels alone, the optimizer's whole step, the layer-wise
 #   policies' step) with PyTorch's optimizers beside them in the same run (NO_TORCH=1 skips
 #   them);
@@ -107,6 +108,21 @@ run_test fashion_mnist.cuda_adamw 60 bash -c 'fmnist_run cuda --optimizer adamw'
 run_test fashion_mnist.cpu_adamw 60 bash -c 'fmnist_run cpu --optimizer adamw --threads 16'
 run_test fashion_mnist.cuda_adafactor 60 bash -c 'fmnist_run cuda --optimizer adafactor'
 
+# distopt-gpt --backend cuda: first the reference's tiny model (ctest's example.gpt.reference_*
+# flags) against PyTorch's 20 losses within rtol 1e-4, then the seed's model (the default
+# size, 300 steps) with each optimizer built for the GPU, and the CPU's Adafactor beside it
+# (one rank of 16 threads).
+gpt_tiny=(--dim 32 --layers 2 --heads 4 --ffn 88 --seq 32 --batch 8 --steps 20 --eval-every 20 --eval-batches 0
+          --init "$bundle/gpt-reference/init.safetensors" --batches "$bundle/gpt-reference/batches.safetensors")
+for optimizer in adamw adafactor; do
+  run_test "gpt.cuda_reference_$optimizer" 60 "$bundle/distopt-gpt" --backend cuda --optimizer "$optimizer" \
+    "${gpt_tiny[@]}" --expect "$bundle/gpt-reference/golden.json" --rtol 1e-4
+done
+for optimizer in adafactor adamw; do
+  run_test "gpt.cuda_$optimizer" 90 "$bundle/distopt-gpt" --backend cuda --optimizer "$optimizer" --data "$bundle/fortunes"
+done
+run_test gpt.cpu_adafactor 120 "$bundle/distopt-gpt" --optimizer adafactor --threads 16 --data "$bundle/fortunes"
+
 rm -f "$out/distopt.jsonl" "$out/torch.jsonl" "$out/variants.txt"
 timeout 120 "$bundle/distopt-bench-gpu-update" --params "$params" --json "$out/distopt.jsonl" 2>&1 |
   tee "$out/distopt.txt" || status=1
@@ -141,6 +157,9 @@ if command -v compute-sanitizer > /dev/null; then
     "$bundle/test_cuda_optimizer"
   run_test "compute-sanitizer memcheck (layerwise)" "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$bundle/test_cuda_layerwise"
+  # distopt-gpt's model kernels (model_cuda.cu), two steps of the tiny model.
+  run_test "compute-sanitizer memcheck (gpt)" "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$bundle/distopt-gpt" --backend cuda --optimizer adafactor "${gpt_tiny[@]}" --steps 2
   # racecheck lost track of the optimizer test's kernels, launched from several host threads
   # at once ("Internal Sanitizer Error", 2026-11-27): the step's kernels under racecheck
   # through the step benchmark instead, on one thread, at a small size.

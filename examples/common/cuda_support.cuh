@@ -29,7 +29,8 @@ class device_array {
  public:
   device_array() = default;
   explicit device_array(std::size_t n) : n_(n) {
-    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+    if (n) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)),
+                 ("cudaMalloc of " + std::to_string(n * sizeof(T)) + " bytes").c_str());
   }
   device_array(device_array&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
   device_array& operator=(device_array&& o) noexcept {
@@ -42,10 +43,13 @@ class device_array {
   }
   T* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
-  /// Copies `v` in (synchronously; `v` has at most size() elements).
+  /// Copies `v` in (`v` has at most size() elements) and waits for the device: a cudaMemcpy
+  /// from pageable memory may return before its copy lands, and kernels on a non-blocking
+  /// stream are not ordered after it.
   void upload(const std::vector<T>& v) {
     if (v.size() > n_) throw std::invalid_argument("device_array::upload: more values than room");
     check(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (to the device)");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after an upload)");
   }
 
  private:
@@ -93,6 +97,28 @@ class step_timer {
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
   bool open_ = false;
   double seconds_ = 0.0;
+};
+
+/// Throws std::runtime_error unless this process sees a CUDA device (with the driver's reason).
+inline void require_device() {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0)
+    throw std::runtime_error(std::string("--backend cuda: no CUDA device is visible to this process") +
+                             (e != cudaSuccess ? std::string(" (") + cudaGetErrorString(e) + ")" : std::string()));
+}
+
+/// A non-blocking stream, destroyed with this (after whatever frees on it: declare it first).
+class owned_stream {
+ public:
+  owned_stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~owned_stream() { cudaStreamDestroy(s_); }
+  owned_stream(const owned_stream&) = delete;
+  owned_stream& operator=(const owned_stream&) = delete;
+  cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 /// The sum of n doubles in a fixed order, into *out: launch with one block of Threads

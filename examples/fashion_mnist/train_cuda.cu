@@ -174,20 +174,10 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
 
 template <class Policy>
 history train_policy_on_gpu(const config& cfg) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-    throw usage_error("--backend cuda: no CUDA device is visible to this process");
+  examples::cuda::require_device();
   const prepared<Policy> in = prepare<Policy>(cfg, /*writer=*/true);
-  cudaStream_t stream = nullptr;
-  gpu::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  try {
-    history h = train_on<Policy>(cfg, in, stream);  // the optimizer, which frees on the stream, is gone
-    cudaStreamDestroy(stream);
-    return h;
-  } catch (...) {
-    cudaStreamDestroy(stream);
-    throw;
-  }
+  const examples::cuda::owned_stream stream;  // outlives the optimizer, which frees on it
+  return train_on<Policy>(cfg, in, stream.get());
 }
 
 }  // namespace

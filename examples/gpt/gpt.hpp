@@ -21,6 +21,7 @@ struct usage_error : std::runtime_error {
 
 struct config {
   std::string optimizer = "adafactor";
+  std::string backend = "cpu";       // cpu (OpenBLAS, ranks as threads or processes) or cuda (one GPU)
   std::vector<std::pair<std::string, std::string>> sets;  // --set KEY=VALUE, in order
   model_config model;
   int batch = 16;          // sequences per step, over every data-parallel rank
@@ -63,6 +64,8 @@ history train_lamb(const config& cfg);
 history train_came(const config& cfg);
 history train_galore_adamw(const config& cfg);
 history train_muon(const config& cfg);
+/// --backend cuda: one GPU, --optimizer adafactor or adamw (train_cuda.cu).
+history train_cuda(const config& cfg);
 
 /// --plot: the loss curves as a PNG drawn by gnuplot.
 void write_plot(const std::string& path, const std::string& title, const history& h);

@@ -36,6 +36,7 @@ namespace {
 
 constexpr const char* usage_text =
     "usage: distopt-gpt [--optimizer adafactor|adamw|lamb|came|galore_adamw|muon] [--set KEY=VALUE]...\n"
+    "                   [--backend cpu|cuda]\n"
     "                   [--tp T] [--ranks N] [--comm threads|mpi] [--zero 1|2|3] [--threads N]\n"
     "                   [--param-dtype fp32|bf16] [--state fp32|q8] [--accumulate N [--accumulate-schedule last|each]]\n"
     "                   [--steps N] [--batch N] [--seq N] [--dim N] [--layers N] [--heads N] [--ffn N]\n"
@@ -52,13 +53,16 @@ constexpr const char* usage_text =
     "                (AdamW on the embedding, output and norm weights, lr matched to AdamW's\n"
     "                RMS) on the blocks' matrices; --set as in distopt-fashion-mnist. The norm\n"
     "                weights have no weight decay.\n"
+    "  --backend     cpu (default: OpenBLAS) or cuda: one GPU, the products on cuBLAS, the\n"
+    "                optimizer on distopt::cuda (adafactor and adamw; not with --tp, --ranks,\n"
+    "                --zero, --param-dtype, --state, --accumulate, checkpoints or --dump-grads)\n"
     "  --tp T        tensor-parallel ranks (Megatron's split: column-parallel wq, wk, wv, w1,\n"
     "                w3; row-parallel wo, w2; vocabulary-parallel embedding and output)\n"
     "  --ranks N     every rank, as threads: N / T data-parallel ranks of T (default T);\n"
     "                --comm mpi: one rank a process, mpirun -np N distopt-gpt --comm mpi\n"
     "  --zero S      ZeRO stage with the overlap hooks unit by unit (default: stage 1 without)\n"
-    "  --param-dtype bf16  bf16 params with fp32 master weights; --state q8: 8-bit AdamW states\n"
-    "                (both at stage 1)\n"
+    "  --param-dtype bf16  bf16 params with fp32 master weights (adamw, adafactor); --state q8:\n"
+    "                8-bit AdamW states (both at stage 1)\n"
     "  --accumulate N  N micro-batches a step (each rank's sequences split), the grads reduced\n"
     "                after the last (or, --accumulate-schedule each, after each)\n"
     "  --batch N     sequences a step over every data-parallel rank (default 16; divides by N / T)\n"
@@ -94,6 +98,10 @@ gpt::config parse(int argc, char** argv) {
     const std::string_view v = argv[++i];
     constexpr int big = 1 << 24;
     if (flag == "--optimizer") c.optimizer = v;
+    else if (flag == "--backend") {
+      if (v != "cpu" && v != "cuda") throw gpt::usage_error("--backend: '" + std::string(v) + "' (cpu or cuda)");
+      c.backend = v;
+    }
     else if (flag == "--set") {
       const auto eq = v.find('=');
       if (eq == std::string_view::npos || eq == 0) throw gpt::usage_error("--set: expected KEY=VALUE, got '" + std::string(v) + "'");
@@ -196,9 +204,47 @@ void validate(gpt::config& c, int world_size) {
     throw gpt::usage_error("--zero " + std::to_string(c.zero) + ": not built for " +
                            (matrices ? what : c.state == "q8" ? "--state q8" : "--param-dtype bf16") +
                            " (stage 1 only here; the library runs them at every stage)");
-  if (matrices && c.param_dtype == "bf16") throw gpt::usage_error(what + ": with fp32 params only");
+  if (c.param_dtype == "bf16" && c.optimizer != "adamw" && c.optimizer != "adafactor")
+    throw gpt::usage_error("--param-dtype bf16: built for --optimizer adamw and adafactor only, not " + c.optimizer);
   if (c.optimizer == "galore_adamw" && c.tp > 1)
     throw gpt::usage_error("--optimizer galore_adamw: GaLore projects whole matrices, not with --tp");
+  if (c.backend == "cuda") {  // checked before any device is looked for
+#ifndef DISTOPT_GPT_CUDA
+    throw gpt::usage_error("--backend cuda: this distopt-gpt was built without CUDA (configure with -DDISTOPT_ENABLE_CUDA=ON)");
+#endif
+    if (c.ranks != 1 || c.comm != "threads")
+      throw gpt::usage_error("--backend cuda: one GPU, not with --tp, --ranks or --comm mpi");
+    if (c.zero > 0 || c.param_dtype != "fp32" || c.state != "fp32" || c.accumulate > 1)
+      throw gpt::usage_error("--backend cuda: not with --zero, --param-dtype bf16, --state q8 or --accumulate");
+    if (!c.checkpoint_dir.empty() || !c.resume_dir.empty() || !c.dump_grads_path.empty())
+      throw gpt::usage_error("--backend cuda: not with --checkpoint, --resume or --dump-grads");
+    if (c.optimizer != "adafactor" && c.optimizer != "adamw")
+      throw gpt::usage_error("--backend cuda: built for --optimizer adafactor and adamw, not " + c.optimizer);
+  }
+}
+
+/// The trainer of --backend and --optimizer (validate() has refused what is not built).
+using trainer = gpt::history (*)(const gpt::config&);
+trainer trainer_of(const gpt::config& c) {
+#ifdef DISTOPT_GPT_CUDA
+  if (c.backend == "cuda") return gpt::train_cuda;
+#endif
+#ifdef DISTOPT_GPT_NO_CPU_TRAINERS
+  throw gpt::usage_error("--backend cpu: this distopt-gpt was built without its CPU trainers (DISTOPT_GPT_CPU_TRAINERS=OFF)");
+#else
+  if (c.optimizer == "adafactor") return gpt::train_adafactor;
+  if (c.optimizer == "adamw") return gpt::train_adamw;
+  if (c.optimizer == "lamb") return gpt::train_lamb;
+  if (c.optimizer == "came") return gpt::train_came;
+  if (c.optimizer == "galore_adamw" || c.optimizer == "muon") {
+#ifdef DISTOPT_GPT_GALORE
+    return c.optimizer == "muon" ? gpt::train_muon : gpt::train_galore_adamw;
+#else
+    throw gpt::usage_error("--optimizer " + c.optimizer + ": this distopt-gpt was built without LAPACK");
+#endif
+  }
+  throw gpt::usage_error("--optimizer: unknown '" + c.optimizer + "' (adafactor, adamw, lamb, came, galore_adamw or muon)");
+#endif
 }
 
 /// --expect's losses: the JSON of gpt_reference.py (key --optimizer, then "loss"), or a
@@ -312,21 +358,7 @@ int main(int argc, char** argv) {
     gpt::check_outputs(cfg);  // every rank: a refusal on one only would leave the others waiting
     const std::vector<double> expected = cfg.expect_path.empty() ? std::vector<double>{} : expected_losses(cfg);
     openblas_set_num_threads(cfg.threads);
-    gpt::history (*train)(const gpt::config&) = nullptr;
-    if (cfg.optimizer == "adafactor") train = gpt::train_adafactor;
-    else if (cfg.optimizer == "adamw") train = gpt::train_adamw;
-    else if (cfg.optimizer == "lamb") train = gpt::train_lamb;
-    else if (cfg.optimizer == "came") train = gpt::train_came;
-    else if (cfg.optimizer == "galore_adamw" || cfg.optimizer == "muon") {
-#ifdef DISTOPT_GPT_GALORE
-      train = cfg.optimizer == "muon" ? gpt::train_muon : gpt::train_galore_adamw;
-#else
-      throw gpt::usage_error("--optimizer " + cfg.optimizer + ": this distopt-gpt was built without LAPACK");
-#endif
-    } else {
-      throw gpt::usage_error("--optimizer: unknown '" + cfg.optimizer +
-                             "' (adafactor, adamw, lamb, came, galore_adamw or muon)");
-    }
+    const trainer train = trainer_of(cfg);
     gpt::history h;
     try {
       h = train(cfg);

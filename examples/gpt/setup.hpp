@@ -128,6 +128,17 @@ prepared<Policy> prepare(const config& cfg) {
   return p;
 }
 
+/// The validation batches: --eval-batches fixed batches of --batch windows of the held-out
+/// text, the same at every evaluation (none without the corpus).
+template <class Policy>
+std::vector<std::vector<std::int32_t>> validation_batches(const config& cfg, const prepared<Policy>& in) {
+  std::vector<std::vector<std::int32_t>> val;
+  if (!in.text) return val;
+  batch_source src(in.text->validation, cfg.model.seq, cfg.seed + 1);
+  for (int k = 0; k < cfg.eval_batches; ++k) val.push_back(src.next(cfg.batch));
+  return val;
+}
+
 /// A run's per-step output on its writing rank: the --log rows (a resumed run keeps the rows
 /// up to its checkpoint's step, which a crashed run may have passed, and appends from there;
 /// each row flushed as written) and a progress line every --eval-every steps and at the end.

@@ -194,12 +194,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   };
   const double positions = static_cast<double>(cfg.batch) * T;
 
-  // Validation: --eval-batches fixed batches of the held-out text, the same at every evaluation.
-  std::vector<std::vector<std::int32_t>> val;
-  if (in.text) {
-    batch_source src(in.text->validation, T, cfg.seed + 1);
-    for (int k = 0; k < cfg.eval_batches; ++k) val.push_back(src.next(cfg.batch));
-  }
+  const std::vector<std::vector<std::int32_t>> val = validation_batches(cfg, in);
   auto validation_loss = [&] {
     double sum = 0.0;
     for (const auto& b : val) {
@@ -307,7 +302,8 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
 /// One rank of `world` (rank r = d x tp + t) with the optimizer type that --zero, --param-dtype
 /// and --state name. main refuses what is not built here: GaLore and Muon, bf16 params and q8
 /// states at stage 1 only (as distopt-fashion-mnist; the library runs them at every stage),
-/// q8 for AdamW only.
+/// bf16 params for AdamW and Adafactor, q8 for AdamW only (each type is a few seconds of
+/// compile: Lamb's and CAME's bf16 types cost 2 x 2 of CPU in train_lamb.cpp and train_came.cpp).
 template <class Policy, class World>
 history train_world_rank(const config& cfg, const prepared<Policy>& in, World& world) {
   const int tp = cfg.tp, rank = world.rank(), d = rank / tp, t = rank % tp;
@@ -319,8 +315,9 @@ history train_world_rank(const config& cfg, const prepared<Policy>& in, World& w
   if constexpr (!has_matrix_groups<Policy>) {
     if (cfg.zero == 2) return run.template operator()<distopt::sharded<distopt::fp32, 2>, float>();
     if (cfg.zero == 3) return run.template operator()<distopt::sharded<distopt::fp32, 3>, float>();
-    if (cfg.param_dtype == "bf16") return run.template operator()<distopt::sharded<distopt::fp32>, distopt::bf16>();
   }
+  if constexpr (std::is_same_v<Policy, distopt::adamw> || std::is_same_v<Policy, distopt::adafactor>)
+    if (cfg.param_dtype == "bf16") return run.template operator()<distopt::sharded<distopt::fp32>, distopt::bf16>();
   if constexpr (std::is_same_v<Policy, distopt::adamw>)
     if (cfg.state == "q8") return run.template operator()<distopt::sharded<distopt::q8>, float>();
   return run.template operator()<distopt::sharded<distopt::fp32>, float>();
