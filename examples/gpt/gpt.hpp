@@ -67,6 +67,12 @@ history train_muon(const config& cfg);
 /// --backend cuda: one GPU, --optimizer adafactor or adamw (train_cuda.cu).
 history train_cuda(const config& cfg);
 
+/// --checkpoint: writes the run's record beside the checkpoint (the flags a resumed run must
+/// repeat: --batch, --seed, --optimizer and the model's). --resume: refuses (usage_error, naming
+/// the flag) a run whose flags differ from the record's, or a checkpoint without one.
+void write_run_record(const config& cfg);
+void check_run_record(const config& cfg);
+
 /// --plot: the loss curves as a PNG drawn by gnuplot.
 void write_plot(const std::string& path, const std::string& title, const history& h);
 /// Refuses, before training, outputs that cannot be written (and --plot without gnuplot).

@@ -356,6 +356,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     gpt::check_outputs(cfg);  // every rank: a refusal on one only would leave the others waiting
+#ifdef DISTOPT_GPT_CHECKPOINT
+    if (!cfg.resume_dir.empty()) gpt::check_run_record(cfg);  // every rank reads it, as check_outputs
+#endif
     const std::vector<double> expected = cfg.expect_path.empty() ? std::vector<double>{} : expected_losses(cfg);
     openblas_set_num_threads(cfg.threads);
     const trainer train = trainer_of(cfg);

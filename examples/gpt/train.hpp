@@ -287,6 +287,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps)) {
       opt.save(cfg.checkpoint_dir);
+      if (writer) write_run_record(cfg);
       if (writer) std::fprintf(stderr, "checkpoint: step %d -> %s\n", done, cfg.checkpoint_dir.c_str());
     }
 #endif
