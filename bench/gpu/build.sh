@@ -108,13 +108,16 @@ for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
     with gzip.open(f"{dst}/{name}.gz", "wb", compresslevel=9) as f:
         f.write(head + body)
 PY
-# distopt-gpt trains on Debian's fortunes there (the plain files, 1.3 MB: not the .dat indices
+# distopt-gpt trains on Debian's fortunes there (the plain files, 2.6 MB: not the .dat indices
 # nor the .u8 links), and checks --backend cuda against PyTorch's losses (tests/reference/gpt,
 # as ctest's example.gpt.reference_* does on the CPU).
+fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
 mkdir -p "$bundle/fortunes" "$bundle/gpt-reference"
-for f in "${FORTUNES_DIR:-/usr/share/games/fortunes}"/*; do
-  [ -f "$f" ] && [ ! -L "$f" ] && [[ $f != *.dat ]] && cp "$f" "$bundle/fortunes/"
+for f in "$fortunes"/*; do
+  if [ -f "$f" ] && [ ! -L "$f" ] && [[ $f != *.dat ]]; then cp "$f" "$bundle/fortunes/"; fi
 done
+compgen -G "$bundle/fortunes/*" > /dev/null ||
+  { echo "bench/gpu/build.sh: no fortunes in $fortunes (apt-get install fortunes, or set FORTUNES_DIR)" >&2; exit 1; }
 cp tests/reference/gpt/init.safetensors tests/reference/gpt/batches.safetensors tests/reference/gpt/golden.json \
   "$bundle/gpt-reference/"
 # The device tool carries at most 64 MiB with the working tree: the programs without their

@@ -3,6 +3,7 @@
 #pragma once
 // distopt-gpt's command line and what its parts share.
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -47,6 +48,7 @@ struct config {
   std::string expect_path;   // --expect FILE: the per-step training losses to match (reference JSON or --log CSV)
   double rtol = 1e-4;        // --rtol: their tolerance, relative
   std::string checkpoint_dir, resume_dir;
+  std::size_t resume_step = 0;  // --resume: the step of the run's record (check_run_record)
   int checkpoint_every = 0;
 };
 
@@ -67,11 +69,13 @@ history train_muon(const config& cfg);
 /// --backend cuda: one GPU, --optimizer adafactor or adamw (train_cuda.cu).
 history train_cuda(const config& cfg);
 
-/// --checkpoint: writes the run's record beside the checkpoint (the flags a resumed run must
-/// repeat: --batch, --seed, --optimizer and the model's). --resume: refuses (usage_error, naming
-/// the flag) a run whose flags differ from the record's, or a checkpoint without one.
-void write_run_record(const config& cfg);
-void check_run_record(const config& cfg);
+/// --checkpoint: writes the run's record beside the checkpoint saved after `step` steps (the
+/// flags a resumed run must repeat: --data, --batches, --batch, --seed, --optimizer and the
+/// model's). --resume: refuses (usage_error, naming the flag) a run whose flags differ from the
+/// record's, or a checkpoint without one; returns the record's step, which the checkpoint's
+/// must equal (train.hpp checks it after loading).
+void write_run_record(const config& cfg, std::size_t step);
+std::size_t check_run_record(const config& cfg);
 
 /// --plot: the loss curves as a PNG drawn by gnuplot.
 void write_plot(const std::string& path, const std::string& title, const history& h);

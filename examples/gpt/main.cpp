@@ -351,17 +351,17 @@ int main(int argc, char** argv) {
 #endif
     }
     validate(cfg, world_size);
+    const trainer train = trainer_of(cfg);  // refuses what this build lacks before anything else
     if (!cfg.save_init_dir.empty()) {
       if (writer) save_init(cfg);
       return 0;
     }
     gpt::check_outputs(cfg);  // every rank: a refusal on one only would leave the others waiting
 #ifdef DISTOPT_GPT_CHECKPOINT
-    if (!cfg.resume_dir.empty()) gpt::check_run_record(cfg);  // every rank reads it, as check_outputs
+    if (!cfg.resume_dir.empty()) cfg.resume_step = gpt::check_run_record(cfg);  // every rank reads it
 #endif
     const std::vector<double> expected = cfg.expect_path.empty() ? std::vector<double>{} : expected_losses(cfg);
     openblas_set_num_threads(cfg.threads);
-    const trainer train = trainer_of(cfg);
     gpt::history h;
     try {
       h = train(cfg);

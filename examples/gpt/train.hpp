@@ -107,6 +107,10 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   if (!cfg.resume_dir.empty()) {
     opt.load(cfg.resume_dir);
     first_step = static_cast<std::size_t>(opt.step_calls());
+    if (first_step != cfg.resume_step)
+      throw std::runtime_error("--resume " + cfg.resume_dir + ": the checkpoint is at step " + std::to_string(first_step) +
+                               ", its run record (distopt-gpt.run) at step " + std::to_string(cfg.resume_step) +
+                               ": a save was cut short; resume from another checkpoint");
     if (first_step >= static_cast<std::size_t>(cfg.steps))
       throw std::runtime_error("--resume " + cfg.resume_dir + ": the checkpoint is at step " + std::to_string(first_step) +
                                ", not before --steps " + std::to_string(cfg.steps) + ": nothing to run");
@@ -287,7 +291,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
     if (!cfg.checkpoint_dir.empty() &&
         ((cfg.checkpoint_every > 0 && done % cfg.checkpoint_every == 0) || done == cfg.steps)) {
       opt.save(cfg.checkpoint_dir);
-      if (writer) write_run_record(cfg);
+      if (writer) write_run_record(cfg, static_cast<std::size_t>(done));
       if (writer) std::fprintf(stderr, "checkpoint: step %d -> %s\n", done, cfg.checkpoint_dir.c_str());
     }
 #endif
