@@ -139,6 +139,26 @@ std::vector<std::vector<std::int32_t>> validation_batches(const config& cfg, con
   return val;
 }
 
+/// Whether the validation loss is due after step `done` (every --eval-every and at the end).
+inline bool evaluation_due(const config& cfg, int done) { return done % cfg.eval_every == 0 || done == cfg.steps; }
+
+/// Sequences [first, first + count) of a batch (rows of seq + 1 tokens) into `inputs` and
+/// `targets` (count x seq each): a row's tokens, and the same shifted by one.
+inline void split_batch(const std::int32_t* batch, int first, int count, int seq, std::int32_t* inputs,
+                        std::int32_t* targets) {
+  for (int s = 0; s < count; ++s) {
+    const std::int32_t* row = batch + static_cast<std::size_t>(first + s) * (seq + 1);
+    std::copy_n(row, seq, inputs + static_cast<std::size_t>(s) * seq);
+    std::copy_n(row + 1, seq, targets + static_cast<std::size_t>(s) * seq);
+  }
+}
+
+/// The corpus line of a run's header (drawn batches only).
+inline void print_corpus(const corpus& text) {
+  std::cout << "data: " << text.files << " fortune files, " << text.fortunes << " fortunes: " << text.train.size()
+            << " training bytes, " << text.validation.size() << " held out (every 10th fortune)\n";
+}
+
 /// A run's per-step output on its writing rank: the --log rows (a resumed run keeps the rows
 /// up to its checkpoint's step, which a crashed run may have passed, and appends from there;
 /// each row flushed as written) and a progress line every --eval-every steps and at the end.
@@ -178,7 +198,7 @@ class step_reporter {
       std::fputc('\n', log_);
       std::fflush(log_);
     }
-    if (!writer_ || (done % cfg_.eval_every != 0 && done != cfg_.steps)) return;
+    if (!writer_ || !evaluation_due(cfg_, done)) return;
     const double s = std::chrono::duration<double>(clock::now() - interval_start_).count();
     std::printf("step %d/%d  train loss %.4f", done, cfg_.steps, interval_loss_ / interval_steps_);
     if (val) std::printf("  val loss %.4f", *val);
@@ -199,9 +219,6 @@ class step_reporter {
   int interval_steps_ = 0;
   clock::time_point interval_start_;
 };
-
-/// Whether the validation loss is due after step `done` (every --eval-every and at the end).
-inline bool evaluation_due(const config& cfg, int done) { return done % cfg.eval_every == 0 || done == cfg.steps; }
 
 /// The closing lines of a run on its writing rank: skipped steps, the optimizer's memory
 /// report (`memory_title` names whose), and the time split with tokens/s (`time_title`: whose

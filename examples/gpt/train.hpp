@@ -190,11 +190,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
   const int T = mc.seq, stride = T + 1;
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(local_seqs) * T), targets(inputs.size());
   auto take = [&](const std::int32_t* batch) {  // this rank's sequences of a global batch
-    for (int s = 0; s < local_seqs; ++s) {
-      const std::int32_t* row = batch + static_cast<std::size_t>(first_seq + s) * stride;
-      std::copy_n(row, T, inputs.data() + static_cast<std::size_t>(s) * T);
-      std::copy_n(row + 1, T, targets.data() + static_cast<std::size_t>(s) * T);
-    }
+    split_batch(batch, first_seq, local_seqs, T, inputs.data(), targets.data());
   };
   const double positions = static_cast<double>(cfg.batch) * T;
 
@@ -237,10 +233,7 @@ history train_rank(const config& cfg, const prepared<Policy>& in, distopt::any_c
       std::cout << "; " << cfg.accumulate << " micro-batches a step, the grads reduced "
                 << (cfg.accumulate_each ? "after each (into an fp32 accumulator)" : "after the last");
     std::cout << "\n";
-    if (in.text && in.batches.empty())
-      std::cout << "data: " << in.text->files << " fortune files, " << in.text->fortunes << " fortunes: "
-                << in.text->train.size() << " training bytes, " << in.text->validation.size()
-                << " held out (every 10th fortune)\n";
+    if (in.text && in.batches.empty()) print_corpus(*in.text);
     std::cout << std::flush;
   }
 

@@ -11,7 +11,6 @@
 #include <distopt/distopt.hpp>
 #include <distopt/exec/cuda/executor.cuh>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -71,11 +70,7 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
   std::vector<std::int32_t> inputs(static_cast<std::size_t>(cfg.batch) * T), targets(inputs.size());
   examples::cuda::device_array<std::int32_t> inputs_dev(inputs.size()), targets_dev(inputs.size());
   auto take = [&](const std::int32_t* batch) {
-    for (int s = 0; s < cfg.batch; ++s) {
-      const std::int32_t* row = batch + static_cast<std::size_t>(s) * stride;
-      std::copy_n(row, T, inputs.data() + static_cast<std::size_t>(s) * T);
-      std::copy_n(row + 1, T, targets.data() + static_cast<std::size_t>(s) * T);
-    }
+    split_batch(batch, 0, cfg.batch, T, inputs.data(), targets.data());
     const std::size_t bytes = inputs.size() * sizeof(std::int32_t);
     gpu::check(cudaMemcpyAsync(inputs_dev.data(), inputs.data(), bytes, cudaMemcpyHostToDevice, stream),
                "cudaMemcpyAsync (inputs)");
@@ -107,10 +102,7 @@ history train_on(const config& cfg, const prepared<Policy>& in, cudaStream_t str
             << " tokens a sequence: " << whole_params << " params, fp32\n"
             << "run: batch " << cfg.batch << " x " << T << " tokens, " << cfg.steps << " steps on the GPU ("
             << prop.name << "): the products on cuBLAS, the optimizer on distopt::cuda\n";
-  if (in.text && in.batches.empty())
-    std::cout << "data: " << in.text->files << " fortune files, " << in.text->fortunes << " fortunes: "
-              << in.text->train.size() << " training bytes, " << in.text->validation.size()
-              << " held out (every 10th fortune)\n";
+  if (in.text && in.batches.empty()) print_corpus(*in.text);
   std::cout << std::flush;
 
   step_reporter report(cfg, 0, /*writer=*/true, positions);
