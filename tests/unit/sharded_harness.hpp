@@ -18,6 +18,25 @@ namespace harness {
 
 using namespace distopt;
 
+/// True in the sanitizer builds (CI's ASan/UBSan and TSan stages; GCC and Clang both define
+/// these under -fsanitize=address and GCC under -fsanitize=thread; Clang says so through
+/// __has_feature). Their checks are of memory accesses and data races, which a few steps of a
+/// multi-step case exercise as well as many: sanitized_steps cuts such a case there, and the
+/// release build runs every step of it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool under_sanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+inline constexpr bool under_sanitizer = true;
+#else
+inline constexpr bool under_sanitizer = false;
+#endif
+#else
+inline constexpr bool under_sanitizer = false;
+#endif
+/// `steps`, or at most `cap` of them in a sanitizer build.
+constexpr int sanitized_steps(int steps, int cap) { return under_sanitizer && steps > cap ? cap : steps; }
+
 /// Awkward layouts: tensors smaller than a block, tensors straddling shard cuts, totals
 /// not divisible by d, a single tensor; `bucket` elements per bucket (small: several buckets).
 struct layout_case {
