@@ -221,7 +221,7 @@ BOOST_AUTO_TEST_CASE(avx512_encode_equals_the_portable_loop,
     for (int k = 0; k < 1000000; ++k) bracket(std::bit_cast<float>(below2(rng) | (static_cast<std::uint32_t>(rng()) & 0x80000000u)));
     BOOST_TEST(off == 0u, name << ": the estimate is off at " << off << " values");
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if DISTOPT_TEST_SANITIZED
     constexpr std::uint32_t stride = 97;
 #else
     constexpr std::uint32_t stride = 1;

@@ -8,6 +8,8 @@
 
 #include <distopt/distopt.hpp>
 
+#include "sanitizer.hpp"
+
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -18,22 +20,8 @@ namespace harness {
 
 using namespace distopt;
 
-/// True in the sanitizer builds (CI's ASan/UBSan and TSan stages; GCC and Clang both define
-/// these under -fsanitize=address and GCC under -fsanitize=thread; Clang says so through
-/// __has_feature). Their checks are of memory accesses and data races, which a few steps of a
-/// multi-step case exercise as well as many: sanitized_steps cuts such a case there, and the
-/// release build runs every step of it.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool under_sanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-inline constexpr bool under_sanitizer = true;
-#else
-inline constexpr bool under_sanitizer = false;
-#endif
-#else
-inline constexpr bool under_sanitizer = false;
-#endif
+/// True in the sanitizer builds (sanitizer.hpp).
+inline constexpr bool under_sanitizer = DISTOPT_TEST_SANITIZED != 0;
 /// `steps`, or at most `cap` of them in a sanitizer build.
 constexpr int sanitized_steps(int steps, int cap) { return under_sanitizer && steps > cap ? cap : steps; }
 

@@ -12,6 +12,8 @@
 #include <distopt/types/fp16.hpp>
 #include <distopt/types/rounding.hpp>
 
+#include "sanitizer.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -324,7 +326,7 @@ BOOST_AUTO_TEST_CASE(fp16_f16c_arrays_equal_portable_on_every_pattern) {
     BOOST_TEST(std::memcmp(hw.data(), sw.data(), n * sizeof(float)) == 0);
   }
   std::uint64_t mismatches[2] = {};
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if DISTOPT_TEST_SANITIZED
   constexpr std::uint64_t stride = 17;
 #else
   constexpr std::uint64_t stride = 1;
