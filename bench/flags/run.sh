@@ -7,8 +7,9 @@
 # (plain_loops.cpp, g++ -O3 -march=native -fopenmp); then ROUNDS rounds, each running every
 # build in turn, so that all builds see the same moments of a machine whose bandwidth
 # drifts. Raw JSON lines go to OUT (default bench/results/flags.jsonl, appended, each with
-# the round and the commit); a table of the best round per build and case, and its ratio to
-# the best build, is printed.
+# the round and the commit); bench/flags/table.py prints the best and the median round per
+# build and case, each with its ratio to the best build of the row, and checks that every
+# build printed the same params.
 #   bench/flags/run.sh [--params N] [--rounds R] [--repeats K] [--out FILE] [--only L1,L2]
 # Builds: gcc -O2, gcc -O3, gcc RelWithDebInfo (-O2 -g -DNDEBUG), and with CLANG (default
 # clang++-16, skipped when absent) -O2 and -O3.
@@ -59,31 +60,4 @@ for ((r = 1; r <= rounds; ++r)); do
   done
 done
 cat "$raw" >> "$out"
-python3 - "$raw" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-best = {}
-for r in rows:
-    k = (r["case"], r["build"])
-    best[k] = min(best.get(k, 1e30), r["ns_per_param"])
-spread = {}
-for r in rows:
-    spread.setdefault((r["case"], r["build"]), []).append(r["ns_per_param"])
-builds = list(dict.fromkeys(r["build"] for r in rows))
-cases = list(dict.fromkeys(r["case"] for r in rows))
-print("| case | " + " | ".join(builds) + " | worst / best |")
-print("| --- |" + " --- |" * (len(builds) + 1))
-for c in cases:
-    vals = [best[(c, b)] for b in builds]
-    lo = min(vals)
-    cells = [f"{v:.3f} ({v / lo:.2f}x)" for v in vals]
-    print(f"| {c} | " + " | ".join(cells) + f" | {max(vals) / lo:.2f} |")
-print("ns per param, best of the rounds; (ratio to the best build of the row)")
-bad = 0
-for c in cases:
-    d = {r["digest"] for r in rows if r["case"] == c and "digest" in r}
-    if len(d) > 1:
-        print(f"flags: the builds' params differ for {c}: {sorted(d)}", file=sys.stderr)
-        bad = 1
-sys.exit(bad)
-PY
+python3 bench/flags/table.py "$raw"
