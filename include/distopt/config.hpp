@@ -115,9 +115,9 @@
 /// chosen once per process by what the CPU has (cpu_dispatch below). The body is inlined
 /// into each (always_inline), so each version is the whole loop for its instruction set.
 /// The x86-64-v4 version is tuned as generic x86-64 (tune=x86-64), as GCC's clone is:
-/// Clang's own tuning for x86-64-v4 is Skylake-SP's, which prefers 256-bit vectors, and
-/// q8's block loop (update, absmax) then ran 1.15x GCC's 512-bit one (bench/flags/run.sh,
-/// q8 AdamW bf16 + master, 2026-12-04).
+/// Clang's own tuning for x86-64-v4 prefers 256-bit vectors, and q8's block loop (update,
+/// absmax) then ran 1.16x GCC's 512-bit one (bench/flags/run.sh, q8 AdamW bf16 + master,
+/// bench/RESULTS.md, 2026-12-04).
 /// Clang takes -ffp-contract from the command line only: distopt::distopt's usage
 /// requirements give -ffp-contract=off, a build without them must add it. Off as the
 /// clones are (device code, not x86-64 Linux, AVX-512 targeted already,
