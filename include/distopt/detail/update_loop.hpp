@@ -234,9 +234,10 @@ DISTOPT_HD DISTOPT_INLINE void add_block_squares_body(exact_sum& acc, const Grad
   }
 #endif
   // The whole blocks as four runs read side by side, block k of each in turn: one core
-  // reading one stream of grads that are not in cache, with the step's dirty lines to write
-  // back, summed them at 0.47-0.49 ns per float, four streams at 0.34-0.40 (16 Mi floats, the Xeon VM
-  // of bench/RESULTS.md, 2026-12-04). The exact sum does not depend on the order of the blocks.
+  // reading one stream of grads that are not in cache, with the step's dirty lines to
+  // write back, summed them at 0.51-0.52 ns per float, four streams at 0.42-0.43 (16 Mi
+  // floats, bench/norm_streams_probe.cpp, bench/RESULTS.md, 2026-12-04). The exact sum does
+  // not depend on the order of the blocks.
   const std::size_t runs = 4, per = n / block / runs;
   for (std::size_t k = 0; k < per; ++k)
     for (std::size_t r = 0; r < runs; ++r) acc.add(sum_of_squares(g + (r * per + k) * block, scale, block));
